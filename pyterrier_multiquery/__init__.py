@@ -1,0 +1,43 @@
+"""PyTerrier operators for diverse and multi-representation retrieval.
+
+Attributes load on first use, so that ``import pyterrier_multiquery`` stays cheap: torch, transformers,
+faiss and pyterrier_dr are imported only by the classes that need them.
+"""
+import importlib
+
+__version__ = '0.1.0'
+
+_ATTRIBUTES = {
+    'MRecall': 'measures',
+    'AnswerRecall': 'measures',
+    'answer_coverage': 'measures',
+    'load_dataset': 'datasets',
+    'BeirDataset': 'datasets',
+    'TrecDataset': 'datasets',
+    'RamDocsDataset': 'datasets',
+    'MusiqueDataset': 'datasets',
+    'MMR': 'baselines',
+    'minilm': 'baselines',
+    'pisa_bm25': 'baselines',
+    'flex_index': 'baselines',
+    'target_distances': 'analysis',
+    'distance_quartiles': 'analysis',
+    'low_similarity_subset': 'analysis',
+    'paired_bootstrap': 'analysis',
+    'baseline_systems': 'experiment',
+    'run_experiment': 'experiment',
+}
+
+__all__ = list(_ATTRIBUTES)
+
+
+def __getattr__(name):
+    if name not in _ATTRIBUTES:
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    value = getattr(importlib.import_module(f'{__name__}.{_ATTRIBUTES[name]}'), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

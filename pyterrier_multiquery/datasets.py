@@ -1,0 +1,271 @@
+"""Loaders that turn local test-collection files into PyTerrier dataset objects.
+
+Every loader returns a :class:`pyterrier.datasets.Dataset` with ``get_topics()`` (``qid``, ``query``),
+``get_qrels()`` (``qid``, ``docno``, ``label``, and ``iteration`` holding the answer id for multi-answer
+collections) and ``get_corpus_iter()`` (dicts with ``docno`` and ``text``). :func:`load_dataset` picks
+the loader from what a path holds, or hands ``irds:`` identifiers to :func:`pyterrier.get_dataset`.
+"""
+import json
+import re
+from pathlib import Path
+from typing import Dict, Iterator, Optional, Union
+
+import pandas as pd
+import pyterrier as pt
+
+PathLike = Union[str, Path]
+
+
+class LocalDataset(pt.datasets.Dataset):
+    """Base class of the local loaders: topics and qrels per variant, corpus as a stream of dicts."""
+    name = 'local'
+    default_variant: Optional[str] = None
+
+    def __init__(self, path: PathLike):
+        """
+        Args:
+            path: The file or directory that holds the collection.
+        """
+        self.path = Path(path)
+        if not self.path.exists():
+            raise FileNotFoundError(f'dataset path {str(self.path)!r} does not exist')
+
+    def _topics(self, variant: Optional[str]) -> pd.DataFrame:
+        raise NotImplementedError()
+
+    def _qrels(self, variant: Optional[str]) -> pd.DataFrame:
+        raise NotImplementedError()
+
+    def _corpus(self) -> Iterator[Dict[str, str]]:
+        raise NotImplementedError()
+
+    def corpus_size(self) -> Optional[int]:
+        """Returns the number of documents when known cheaply (for progress bars), else None."""
+        return None
+
+    def get_topics(self, variant: Optional[str] = None) -> pd.DataFrame:
+        """Returns the topics as a frame with ``qid`` and ``query``."""
+        return self._topics(variant or self.default_variant)
+
+    def get_qrels(self, variant: Optional[str] = None) -> pd.DataFrame:
+        """Returns the qrels as a frame with ``qid``, ``docno``, ``label`` (and ``iteration``)."""
+        return self._qrels(variant or self.default_variant)
+
+    def get_corpus_iter(self, *, verbose: bool = True) -> Iterator[Dict[str, str]]:
+        """Yields the documents as dicts with ``docno`` and ``text``."""
+        it = self._corpus()
+        if verbose:
+            it = pt.tqdm(it, desc=f'{self.name} corpus', unit='d', total=self.corpus_size())
+        return it
+
+    def get_corpus_lang(self) -> str:
+        return 'en'
+
+    def get_topics_lang(self) -> str:
+        return 'en'
+
+    def __repr__(self):
+        return f'{type(self).__name__}({str(self.path)!r})'
+
+
+class BeirDataset(LocalDataset):
+    """A BEIR directory: ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/<split>.tsv``.
+
+    Documents are yielded with ``title`` and with ``text`` = title and body joined by a space, the text that
+    BEIR's evaluation encodes. The variant is the qrels split (default ``test``).
+    """
+    name = 'beir'
+    default_variant = 'test'
+
+    def __init__(self, path: PathLike):
+        super().__init__(path)
+        for required in ('corpus.jsonl', 'queries.jsonl', 'qrels'):
+            if not (self.path / required).exists():
+                raise FileNotFoundError(f'BEIR directory {str(self.path)!r} has no {required}')
+
+    def _qrels(self, variant):
+        file = self.path / 'qrels' / f'{variant}.tsv'
+        if not file.exists():
+            splits = sorted(p.stem for p in (self.path / 'qrels').glob('*.tsv'))
+            raise ValueError(f'no qrels split {variant!r} in {str(self.path)!r}; available: {splits}')
+        qrels = pd.read_csv(file, sep='\t', dtype=str)
+        qrels.columns = ['qid', 'docno', 'label']
+        return qrels.astype({'label': int})
+
+    def _topics(self, variant):
+        qids = set(self._qrels(variant)['qid'])
+        rows = [{'qid': q['_id'], 'query': q['text']} for q in _iter_jsonl(self.path / 'queries.jsonl')]
+        return pd.DataFrame([r for r in rows if r['qid'] in qids], columns=['qid', 'query'])
+
+    def _corpus(self):
+        for doc in _iter_jsonl(self.path / 'corpus.jsonl'):
+            title = doc.get('title') or ''
+            yield {'docno': doc['_id'], 'title': title, 'text': f'{title} {doc["text"]}'.strip()}
+
+
+class TrecDataset(LocalDataset):
+    """TREC files in the Vaswani layout: ``corpus.trec`` (``<DOC><DOCNO>``), ``topics.trec`` and ``qrels``."""
+    name = 'trec'
+    _DOC = re.compile(r'<DOC>\s*<DOCNO>\s*(.*?)\s*</DOCNO>(.*?)</DOC>', re.DOTALL)
+
+    def __init__(self, path: PathLike, corpus: str = 'corpus.trec', topics: str = 'topics.trec', qrels: str = 'qrels'):
+        """
+        Args:
+            path: The directory that holds the files.
+            corpus: The TREC document file, relative to ``path``.
+            topics: The TREC topics file, relative to ``path``.
+            qrels: The qrels file (``qid iteration docno label``), relative to ``path``.
+        """
+        super().__init__(path)
+        self.files = {'corpus': self.path / corpus, 'topics': self.path / topics, 'qrels': self.path / qrels}
+        for what, file in self.files.items():
+            if not file.exists():
+                raise FileNotFoundError(f'TREC {what} file {str(file)!r} does not exist')
+
+    def _topics(self, variant):
+        return pt.io.read_topics(str(self.files['topics']), format='trec')
+
+    def _qrels(self, variant):
+        return pt.io.read_qrels(str(self.files['qrels']))
+
+    def _corpus(self):
+        # documents are small: read the file in chunks and parse every complete <DOC> element
+        with open(self.files['corpus'], encoding='utf-8') as f:
+            buffer = ''
+            for chunk in iter(lambda: f.read(1 << 20), ''):
+                buffer += chunk
+                end = 0
+                for match in self._DOC.finditer(buffer):
+                    yield {'docno': match.group(1), 'text': ' '.join(match.group(2).split())}
+                    end = match.end()
+                buffer = buffer[end:]
+        if buffer.strip():
+            raise ValueError(f'{str(self.files["corpus"])!r} ends with an incomplete <DOC> element')
+
+
+class RamDocsDataset(LocalDataset):
+    """RAMDocs (one JSON question per line): all questions' passages pooled into one corpus.
+
+    ``qid`` is the question's line number and ``docno`` is ``<qid>-<position of the passage>``, so both
+    stay stable for the same file. A passage of type ``correct`` is relevant to its question for the answer
+    it supports: ``iteration`` holds the answer's position (from 1) in ``gold_answers``. Gold answers that
+    no passage supports do not appear in the qrels.
+    """
+    name = 'ramdocs'
+
+    def __init__(self, path: PathLike):
+        super().__init__(path)
+        if self.path.is_dir():
+            files = sorted(self.path.glob('*.jsonl'))
+            if len(files) != 1:
+                raise FileNotFoundError(f'expected one RAMDocs .jsonl file in {str(self.path)!r}, found {len(files)}')
+            self.path = files[0]
+        self.questions = list(_iter_jsonl(self.path))
+
+    def _topics(self, variant):
+        return pd.DataFrame([{'qid': str(i), 'query': q['question']} for i, q in enumerate(self.questions)])
+
+    def _qrels(self, variant):
+        rows = []
+        for i, q in enumerate(self.questions):
+            for j, doc in enumerate(q['documents']):
+                if doc['type'] == 'correct':
+                    if doc['answer'] not in q['gold_answers']:
+                        raise ValueError(f'question {i}: passage {j} supports {doc["answer"]!r}, not a gold answer')
+                    answer = q['gold_answers'].index(doc['answer']) + 1
+                    rows.append({'qid': str(i), 'docno': f'{i}-{j}', 'label': 1, 'iteration': str(answer)})
+        return pd.DataFrame(rows, columns=['qid', 'docno', 'label', 'iteration'])
+
+    def _corpus(self):
+        for i, q in enumerate(self.questions):
+            for j, doc in enumerate(q['documents']):
+                yield {'docno': f'{i}-{j}', 'text': doc['text']}
+
+    def corpus_size(self):
+        return sum(len(q['documents']) for q in self.questions)
+
+
+class MusiqueDataset(LocalDataset):
+    """MuSiQue questions (``musique_*.json``) with their paragraph corpus (``musique_*_corpus.json``).
+
+    ``docno`` is the paragraph's position in the corpus file; each supporting paragraph of a question is its
+    own target, with ``iteration`` numbering them from 1.
+    """
+    name = 'musique'
+
+    def __init__(self, path: PathLike, split: str = 'train'):
+        """
+        Args:
+            path: The directory that holds ``musique_<split>.json`` and ``musique_<split>_corpus.json``.
+            split: The file prefix's split name.
+        """
+        super().__init__(path)
+        self.files = {'questions': self.path / f'musique_{split}.json',
+                      'corpus': self.path / f'musique_{split}_corpus.json'}
+        for what, file in self.files.items():
+            if not file.exists():
+                raise FileNotFoundError(f'MuSiQue {what} file {str(file)!r} does not exist')
+        self.questions = json.loads(self.files['questions'].read_text(encoding='utf-8'))
+        self.paragraphs = json.loads(self.files['corpus'].read_text(encoding='utf-8'))
+
+    def _topics(self, variant):
+        return pd.DataFrame([{'qid': q['id'], 'query': q['question']} for q in self.questions])
+
+    def _qrels(self, variant):
+        docnos = {(p['title'], p['text']): str(i) for i, p in enumerate(self.paragraphs)}
+        rows = []
+        for q in self.questions:
+            supporting = [p for p in q['paragraphs'] if p['is_supporting']]
+            for target, p in enumerate(supporting, start=1):
+                key = (p['title'], p['paragraph_text'])
+                if key not in docnos:
+                    raise ValueError(f'question {q["id"]}: supporting paragraph {p["title"]!r} is not in the corpus')
+                rows.append({'qid': q['id'], 'docno': docnos[key], 'label': 1, 'iteration': str(target)})
+        return pd.DataFrame(rows, columns=['qid', 'docno', 'label', 'iteration'])
+
+    def _corpus(self):
+        for i, p in enumerate(self.paragraphs):
+            yield {'docno': str(i), 'title': p['title'], 'text': f'{p["title"]} {p["text"]}'}
+
+    def corpus_size(self):
+        return len(self.paragraphs)
+
+
+def load_dataset(spec: PathLike) -> pt.datasets.Dataset:
+    """Loads a dataset from a path or an ``irds:`` identifier.
+
+    Args:
+        spec: ``irds:<id>`` (through :func:`pyterrier.get_dataset`), or a path: a BEIR directory, a TREC
+            directory (``corpus.trec``), a RAMDocs ``.jsonl`` file or directory, or a MuSiQue directory.
+
+    Returns:
+        The dataset.
+    """
+    spec = str(spec)
+    if spec.startswith('irds:'):
+        return pt.get_dataset(spec)
+    path = Path(spec)
+    if not path.exists():
+        raise FileNotFoundError(f'dataset path {spec!r} does not exist (give a directory, a RAMDocs .jsonl file '
+                                f'or an irds: identifier)')
+    if path.is_file() or (path.is_dir() and any(path.glob('RAMDocs*.jsonl'))):
+        return RamDocsDataset(path)
+    if (path / 'corpus.jsonl').exists():
+        return BeirDataset(path)
+    if (path / 'corpus.trec').exists():
+        return TrecDataset(path)
+    corpus_files = sorted(path.glob('musique_*_corpus.json'))
+    if corpus_files:
+        return MusiqueDataset(path, split=corpus_files[0].name[len('musique_'):-len('_corpus.json')])
+    raise ValueError(f'cannot tell what collection {spec!r} holds: expected corpus.jsonl (BEIR), corpus.trec '
+                     f'(TREC), a RAMDocs .jsonl or musique_*.json files')
+
+
+def _iter_jsonl(path: Path) -> Iterator[dict]:
+    with open(path, encoding='utf-8') as f:
+        for number, line in enumerate(f, start=1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f'{str(path)!r} line {number} is not valid JSON: {e}') from None

@@ -1,0 +1,87 @@
+"""The main job: build the indexes a dataset needs and compare systems on multi-answer measures."""
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+import pandas as pd
+import pyterrier as pt
+from ir_measures import alpha_nDCG, nDCG
+
+from pyterrier_multiquery.baselines import MMR, flex_index, minilm, pisa_bm25
+from pyterrier_multiquery.measures import AnswerRecall, MRecall
+
+DEFAULT_MEASURES = [MRecall@5, MRecall@10, MRecall@100, AnswerRecall@10, alpha_nDCG@10, nDCG@10]
+
+
+def default_data_dir() -> Optional[Path]:
+    """The ``shared/data`` folder beside the project checkout (or ``$PYTERRIER_MULTIQUERY_DATA``), if present."""
+    candidates = [os.environ.get('PYTERRIER_MULTIQUERY_DATA'),
+                  Path(__file__).resolve().parents[2] / 'shared' / 'data',
+                  Path.cwd().parent / 'shared' / 'data']
+    for candidate in candidates:
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    return None
+
+
+def cache_dir_for(dataset_spec: str, cache_root: os.PathLike) -> Path:
+    """A cache folder for one dataset: its name plus a short hash of where it came from."""
+    is_irds = dataset_spec.startswith('irds:')
+    origin = dataset_spec if is_irds else str(Path(dataset_spec).resolve())
+    name = re.sub(r'[^\w.-]+', '_', dataset_spec[len('irds:'):] if is_irds else Path(origin).name)
+    return Path(cache_root) / f'{name}-{hashlib.sha1(origin.encode()).hexdigest()[:8]}'
+
+
+def baseline_systems(dataset, cache_dir: os.PathLike, *, num_results: int = 1000, mmr_lambda: float = 0.5,
+                     mmr_depth: int = 500, batch_size: int = 64, verbose: bool = True) -> Dict[str, pt.Transformer]:
+    """BM25, MiniLM and MiniLM >> MMR over ``dataset``'s corpus, building their indexes under ``cache_dir`` once.
+
+    Args:
+        dataset: A PyTerrier dataset (``get_corpus_iter``).
+        cache_dir: Folder for the PISA and FlexIndex indexes.
+        num_results: Results per query of each first stage.
+        mmr_lambda: MMR's relevance weight.
+        mmr_depth: Number of dense results MMR re-ranks.
+        batch_size: Encoder batch size.
+        verbose: Whether to show progress bars.
+
+    Returns:
+        Systems by name, in table order.
+    """
+    cache_dir = Path(cache_dir)
+    corpus = lambda: dataset.get_corpus_iter(verbose=verbose)  # noqa: E731
+    bm25 = pisa_bm25(cache_dir / 'pisa', corpus, num_results=num_results)
+    encoder = minilm(batch_size=batch_size, verbose=verbose)
+    index = flex_index(cache_dir / 'minilm.flex', encoder, corpus)
+    dense = encoder.query_encoder() >> index.retriever(num_results=num_results)
+    return {
+        'BM25': bm25,
+        'MiniLM': dense,
+        f'MiniLM >> MMR(λ={mmr_lambda})': dense % mmr_depth >> index.vec_loader() >> MMR(mmr_lambda, depth=mmr_depth, verbose=verbose),
+    }
+
+
+def validate_topics_qrels(topics: pd.DataFrame, qrels: pd.DataFrame) -> None:
+    """Raises a ValueError naming what is missing when topics or qrels lack a needed column."""
+    for what, frame, columns in (('topics', topics, ['qid', 'query']), ('qrels', qrels, ['qid', 'docno', 'label'])):
+        missing = [c for c in columns if c not in frame.columns]
+        if missing:
+            raise ValueError(f'{what} is missing column(s) {missing}; found {list(frame.columns)}')
+
+
+def run_experiment(systems: Dict[str, pt.Transformer], topics: pd.DataFrame, qrels: pd.DataFrame,
+                   eval_metrics: Sequence = DEFAULT_MEASURES, **experiment_args) -> pd.DataFrame:
+    """Runs :func:`pyterrier.Experiment` over named systems after checking the topics and qrels.
+
+    Args:
+        systems: Systems by name.
+        topics: Frame with ``qid`` and ``query``.
+        qrels: Frame with ``qid``, ``docno``, ``label`` (and ``iteration`` for answer ids).
+        eval_metrics: Measures to report.
+        experiment_args: Passed to :func:`pyterrier.Experiment` (``baseline``, ``perquery``, ...).
+    """
+    validate_topics_qrels(topics, qrels)
+    return pt.Experiment(list(systems.values()), topics, qrels, eval_metrics=list(eval_metrics),
+                         names=list(systems), **experiment_args)

@@ -1,0 +1,111 @@
+"""Multi-answer evaluation measures: ``MRecall@k`` and ``AnswerRecall@k``.
+
+The relevance unit is an *answer*: qrels carry one row per (query, passage, answer), with the answer id
+in the ``iteration`` column (the convention ndeval uses for subtopics, so the same qrels also feed
+``alpha_nDCG@k``). An answer is covered when any passage supporting it (``relevance >= rel``) is in the
+top k. The answer ids ``'0'`` and ``'Q0'`` are TREC's placeholders (and what ir_measures fills in when a
+qrels frame has no ``iteration`` column): such rows fall back to one answer per relevant document.
+Answer ids in multi-answer qrels therefore start from 1.
+
+A query that appears in the qrels but has no relevant passage counts as 0 for both measures (no answer
+can be covered), as ir_measures' ``R@k`` does; a query absent from the qrels is not evaluated.
+
+Ranking follows trec_eval: score descending, ties broken by docno descending; a docno retrieved twice for
+a query takes one place, at its highest score.
+"""
+from typing import Iterator, Tuple
+
+from ir_measures import measures
+from ir_measures.util import Metric
+
+_PLACEHOLDER_ANSWERS = ('0', 'Q0')
+
+
+def answer_coverage(qrels, run, cutoff: int, rel: int = 1) -> Iterator[Tuple[str, int, int]]:
+    """Counts the answers that the top ``cutoff`` of a run covers.
+
+    Args:
+        qrels: ir_measures-style frame with ``query_id``, ``doc_id``, ``relevance`` and (optionally) ``iteration``.
+        run: ir_measures-style frame with ``query_id``, ``doc_id`` and ``score``.
+        cutoff: Number of top-ranked passages per query that count.
+        rel: Minimum relevance for a passage to support its answer.
+
+    Yields:
+        ``(query_id, covered, total)`` for every query in the qrels: the number of distinct answers covered in
+        the top ``cutoff`` and the number of answers with at least one supporting passage.
+    """
+    _require_columns(qrels, ('query_id', 'doc_id', 'relevance'), 'qrels')
+    _require_columns(run, ('query_id', 'doc_id', 'score'), 'run')
+    qids = qrels['query_id'].astype(str).unique()
+    support = qrels[qrels['relevance'] >= rel]
+    support = support.assign(query_id=support['query_id'].astype(str), doc_id=support['doc_id'].astype(str))
+    if 'iteration' in support.columns:
+        answer = support['iteration'].astype(str)
+        placeholder = answer.isin(_PLACEHOLDER_ANSWERS)
+        answer = answer.where(~placeholder, '\0doc:' + support['doc_id'])
+    else:
+        answer = '\0doc:' + support['doc_id']
+    support = support[['query_id', 'doc_id']].assign(answer=answer.values)
+    totals = support.groupby('query_id')['answer'].nunique()
+
+    top = run[['query_id', 'doc_id', 'score']].astype({'query_id': str, 'doc_id': str})
+    top = top.sort_values(['query_id', 'score', 'doc_id'], ascending=[True, False, False], kind='stable')
+    top = top.drop_duplicates(['query_id', 'doc_id']).groupby('query_id').head(cutoff)
+    covered = top.merge(support, on=['query_id', 'doc_id']).groupby('query_id')['answer'].nunique()
+
+    for qid in qids:
+        yield qid, int(covered.get(qid, 0)), int(totals.get(qid, 0))
+
+
+def _require_columns(frame, columns, what):
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f'{what} is missing column(s) {missing} needed for multi-answer measures; '
+                         f'found {list(frame.columns)}')
+
+
+class _MultiAnswerMeasure(measures.Measure):
+    SUPPORTED_PARAMS = {
+        'cutoff': measures.ParamInfo(dtype=int, required=True, desc='ranking cutoff threshold'),
+        'rel': measures.ParamInfo(dtype=int, default=1, desc='minimum relevance for a passage to support its answer'),
+    }
+    RUN_INPUTS = ['query_id', 'doc_id', 'score']
+    QREL_INPUTS = ['query_id', 'doc_id', 'relevance', 'iteration']
+
+    def runtime_impl(self, qrels, run):
+        """Computes the measure per query (called by ir_measures' runtime provider)."""
+        cutoff = self['cutoff']
+        for qid, covered, total in answer_coverage(qrels, run, cutoff, self['rel']):
+            yield Metric(qid, self, self._value(covered, total, cutoff))
+
+
+class _MRecall(_MultiAnswerMeasure):
+    """MRecall@k: 1 if the top k covers all m answers (m <= k) or at least k answers (m > k), else 0."""
+    __name__ = 'MRecall'
+    NAME = __name__
+    PRETTY_NAME = 'Multi-answer recall at k'
+    SHORT_DESC = 'Whether the top k covers min(k, m) of the m answers of a query.'
+
+    @staticmethod
+    def _value(covered, total, cutoff):
+        return float(total > 0 and covered >= min(total, cutoff))
+
+
+class _AnswerRecall(_MultiAnswerMeasure):
+    """AnswerRecall@k: the fraction of a query's answers covered by the top k."""
+    __name__ = 'AnswerRecall'
+    NAME = __name__
+    PRETTY_NAME = 'Answer recall at k'
+    SHORT_DESC = 'The fraction of the answers of a query covered by the top k.'
+
+    @staticmethod
+    def _value(covered, total, cutoff):
+        return covered / total if total else 0.
+
+
+MRecall = _MRecall()
+AnswerRecall = _AnswerRecall()
+measures.register(MRecall)
+measures.register(AnswerRecall)
+
+__all__ = ['MRecall', 'AnswerRecall', 'answer_coverage']
