@@ -4,9 +4,9 @@ import shutil
 from pathlib import Path
 from typing import Callable, Iterable, Union
 
+import numpy as np
 import pandas as pd
 import pyterrier as pt
-import pyterrier_alpha as pta
 
 PathLike = Union[str, Path]
 
@@ -76,11 +76,12 @@ class MMR(pt.Transformer):
     """Maximal Marginal Relevance re-ranking (Carbonell & Goldstein, 1998), the AMER paper's Eq. 3.
 
     Documents are picked greedily by ``Lambda * score(q, d) - (1 - Lambda) * max_{d' picked} cos(d, d')``
-    over the top ``depth`` of the input, which must carry ``doc_vec``. The selection itself is
-    pyterrier_dr's :class:`~pyterrier_dr.MmrScorer`, which computes exactly that objective for
-    ``0 <= Lambda < 1``; at ``Lambda = 1`` its ``0 * inf`` masking of picked documents gives NaN, so there
-    the input ranking (the objective's own answer) is returned unchanged. The output scores are
-    ``-rank``, so they keep the MMR order.
+    over the top ``depth`` of the input, which must carry ``doc_vec``; the redundancy term is 0 for the
+    first pick. The output scores are ``-rank``, so they keep the MMR order.
+
+    pyterrier_dr's ``MmrScorer`` is not used: it starts the running maximum at 0, so negative cosine
+    similarities count as 0 rather than as Eq. 3's maximum, and at ``Lambda = 1`` it masks picked documents
+    with ``0 * inf = NaN`` and picks them again.
     """
     schematic = {'label': 'MMR'}
 
@@ -103,14 +104,32 @@ class MMR(pt.Transformer):
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Re-ranks each query's top ``depth`` documents by MMR."""
-        pta.validate.result_frame(inp, extra_columns=['doc_vec'])
+        pt.validate.result_frame(inp, extra_columns=['doc_vec'])
         inp = inp.sort_values(['qid', 'score'], ascending=[True, False], kind='stable').groupby('qid').head(self.depth)
-        if len(inp) == 0 or self.Lambda == 1.:
-            out = pt.model.add_ranks(inp.reset_index(drop=True))
-            return out.drop(columns='doc_vec') if self.drop_doc_vec else out
-        from pyterrier_dr import MmrScorer
-        scorer = MmrScorer(Lambda=self.Lambda, drop_doc_vec=self.drop_doc_vec, verbose=self.verbose)
-        return scorer(inp)
+        groups = inp.groupby('qid', sort=False)
+        if self.verbose:
+            groups = pt.tqdm(groups, desc=repr(self), unit='q')
+        out = [frame.iloc[self.order(frame['score'].to_numpy(dtype=float), np.stack(frame['doc_vec']))]
+               for _, frame in groups]
+        out = pd.concat(out, ignore_index=True) if out else inp.iloc[:0]
+        out = out.assign(rank=out.groupby('qid').cumcount())
+        out = out.assign(score=-out['rank'].astype(float))
+        return out.drop(columns='doc_vec') if self.drop_doc_vec else out
+
+    def order(self, scores: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+        """The MMR selection order of one query's documents (indexes into ``scores``)."""
+        unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+        similarity = unit @ unit.T
+        redundancy = np.zeros(len(scores))
+        picked = np.zeros(len(scores), dtype=bool)
+        order = np.empty(len(scores), dtype=int)
+        for step in range(len(scores)):
+            value = self.Lambda * scores - (1. - self.Lambda) * redundancy
+            value[picked] = -np.inf
+            order[step] = best = int(np.argmax(value))
+            picked[best] = True
+            redundancy = similarity[best] if step == 0 else np.maximum(redundancy, similarity[best])
+        return order
 
     def __repr__(self):
         return f'MMR(Lambda={self.Lambda!r}, depth={self.depth!r})'
@@ -120,4 +139,3 @@ class MMR(pt.Transformer):
 
     def __hash__(self):
         return hash((MMR, self.Lambda, self.depth, self.drop_doc_vec))
-

@@ -14,6 +14,7 @@ import pandas as pd
 import pyterrier as pt
 
 PathLike = Union[str, Path]
+TREC_CHUNK_SIZE = 1 << 20  # characters read at a time from a TREC document file
 
 
 class LocalDataset(pt.datasets.Dataset):
@@ -129,10 +130,9 @@ class TrecDataset(LocalDataset):
         return pt.io.read_qrels(str(self.files['qrels']))
 
     def _corpus(self):
-        # documents are small: read the file in chunks and parse every complete <DOC> element
         with open(self.files['corpus'], encoding='utf-8') as f:
             buffer = ''
-            for chunk in iter(lambda: f.read(1 << 20), ''):
+            for chunk in iter(lambda: f.read(TREC_CHUNK_SIZE), ''):
                 buffer += chunk
                 end = 0
                 for match in self._DOC.finditer(buffer):

@@ -83,5 +83,9 @@ def run_experiment(systems: Dict[str, pt.Transformer], topics: pd.DataFrame, qre
         experiment_args: Passed to :func:`pyterrier.Experiment` (``baseline``, ``perquery``, ...).
     """
     validate_topics_qrels(topics, qrels)
-    return pt.Experiment(list(systems.values()), topics, qrels, eval_metrics=list(eval_metrics),
-                         names=list(systems), **experiment_args)
+    table = pt.Experiment(list(systems.values()), topics, qrels, eval_metrics=list(eval_metrics),
+                          names=list(systems), **experiment_args)
+    measure_columns = [str(m) for m in eval_metrics]
+    if set(measure_columns) <= set(table.columns):  # a summary table: measures in the order asked for
+        table = table[['name'] + measure_columns + [c for c in table.columns if c not in measure_columns + ['name']]]
+    return table

@@ -1,0 +1,110 @@
+import os
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+import pytest
+from ir_measures import AP, nDCG
+
+from pyterrier_multiquery.baselines import MMR, build_once, pisa_bm25
+from pyterrier_multiquery.datasets import load_dataset
+
+
+def result_frame(scores, vectors, qid='1'):
+    return pd.DataFrame({'qid': qid, 'query': 'q', 'docno': [f'd{i}' for i in range(len(scores))],
+                         'score': scores, 'doc_vec': list(np.asarray(vectors, dtype=float))})
+
+
+def test_mmr_hand_case():
+    # a and b are the same vector; c is orthogonal. Lambda 0.5:
+    # pick a (0.45); then b: 0.5*0.8 - 0.5*1 = -0.1, c: 0.5*0.5 - 0 = 0.25 -> c; then b
+    inp = result_frame([0.9, 0.8, 0.5], [[1, 0], [1, 0], [0, 1]])
+    out = MMR(0.5)(inp)
+    assert list(out['docno']) == ['d0', 'd2', 'd1']
+    assert list(out['rank']) == [0, 1, 2]
+    assert out['score'].is_monotonic_decreasing
+    assert 'doc_vec' not in out.columns
+
+
+def test_mmr_lambda_limits():
+    inp = result_frame([0.9, 0.8, 0.5], [[1, 0], [1, 0], [0, 1]])
+    assert list(MMR(1.0)(inp)['docno']) == ['d0', 'd1', 'd2']  # relevance only
+    # Lambda 0: after the first pick (ties on 0 go to the first), only redundancy counts
+    assert list(MMR(0.0)(inp)['docno']) == ['d0', 'd2', 'd1']
+
+
+def reference_mmr(scores, vectors, lam):
+    """Eq. 3 written out: argmax over unpicked d of lam*s(d) - (1-lam)*max over picked d' of cos(d, d')."""
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    picked = []
+    while len(picked) < len(scores):
+        best, best_value = None, -np.inf
+        for d in range(len(scores)):
+            if d in picked:
+                continue
+            redundancy = max((unit[d] @ unit[p] for p in picked), default=0.)
+            value = lam * scores[d] - (1 - lam) * redundancy
+            if value > best_value:
+                best, best_value = d, value
+        picked.append(best)
+    return picked
+
+
+@pytest.mark.parametrize('lam', [0.1, 0.5, 0.7, 0.9])
+def test_mmr_matches_equation_3(lam):
+    rng = np.random.default_rng(int(lam * 10))
+    scores, vectors = rng.random(30), rng.normal(size=(30, 8))
+    out = MMR(lam)(result_frame(scores, vectors))
+    assert list(out['docno']) == [f'd{i}' for i in reference_mmr(scores, vectors, lam)]
+
+
+def test_mmr_depth_and_several_queries():
+    rng = np.random.default_rng(0)
+    inp = pd.concat([result_frame(rng.random(20), rng.normal(size=(20, 4)), qid=q) for q in ('1', '2')])
+    out = MMR(0.7, depth=5)(inp)
+    assert out.groupby('qid').size().to_dict() == {'1': 5, '2': 5}
+    for qid, group in out.groupby('qid'):
+        top5 = inp[inp['qid'] == qid].nlargest(5, 'score')['docno']
+        assert set(group['docno']) == set(top5)
+
+
+def test_mmr_bad_input():
+    with pytest.raises(ValueError, match='Lambda'):
+        MMR(1.5)
+    with pytest.raises(ValueError, match='depth'):
+        MMR(0.5, depth=0)
+    with pytest.raises(pt.validate.InputValidationError, match='doc_vec'):
+        MMR(0.5)(result_frame([1.], [[1, 0]]).drop(columns='doc_vec'))
+    empty = MMR(0.5)(result_frame([], np.zeros((0, 2))))
+    assert len(empty) == 0 and {'qid', 'docno', 'score', 'rank'} <= set(empty.columns)
+
+
+def test_mmr_equality():
+    assert MMR(0.5, depth=100) == MMR(0.5, depth=100)
+    assert hash(MMR(0.5)) == hash(MMR(0.5))
+    assert MMR(0.5) != MMR(0.6)
+
+
+def test_build_once_leaves_nothing_after_an_interrupted_build(tmp_path):
+    target = tmp_path / 'index'
+
+    def failing(folder):
+        os.makedirs(folder)
+        open(os.path.join(folder, 'part'), 'w').close()
+        raise KeyboardInterrupt()
+
+    with pytest.raises(KeyboardInterrupt):
+        build_once(target, failing)
+    assert list(tmp_path.iterdir()) == []
+    calls = []
+    build_once(target, lambda folder: calls.append(folder) or os.makedirs(folder))
+    build_once(target, lambda folder: calls.append(folder))  # already built: not called again
+    assert len(calls) == 1 and target.is_dir()
+
+
+def test_bm25_vaswani_regression(data_dir, tmp_path):
+    dataset = load_dataset(data_dir / 'vaswani')
+    bm25 = pisa_bm25(tmp_path / 'pisa', lambda: dataset.get_corpus_iter(verbose=False))
+    table = pt.Experiment([bm25], dataset.get_topics(), dataset.get_qrels(), eval_metrics=[AP, nDCG@10])
+    assert table['AP'].iloc[0] == pytest.approx(0.3053, abs=0.001)
+    assert table['nDCG@10'].iloc[0] == pytest.approx(0.4667, abs=0.001)

@@ -1,0 +1,122 @@
+import json
+
+import pandas as pd
+import pytest
+
+import pyterrier_multiquery.datasets as datasets
+from pyterrier_multiquery.datasets import (BeirDataset, MusiqueDataset, RamDocsDataset, TrecDataset,
+                                           load_dataset)
+
+
+def corpus(dataset):
+    return list(dataset.get_corpus_iter(verbose=False))
+
+
+def test_ramdocs(data_dir):
+    ds = load_dataset(data_dir / 'ramdocs')
+    assert isinstance(ds, RamDocsDataset)
+    topics, qrels, docs = ds.get_topics(), ds.get_qrels(), corpus(ds)
+    assert len(topics) == 500 and len(docs) == 2766 and len({d['docno'] for d in docs}) == 2766
+    assert topics.iloc[0].to_dict() == {'qid': '0', 'query': 'What is the population of Broken Bow?'}
+    assert len(qrels) == 1918  # one row per passage of type correct
+    assert qrels['qid'].nunique() == 497  # three questions have no supporting passage
+    # the answer id names the gold answer the passage supports
+    questions = [json.loads(line) for line in open(data_dir / 'ramdocs' / 'RAMDocs_test.jsonl')]
+    for row in qrels.sample(50, random_state=0).itertuples():
+        q, j = row.docno.split('-')
+        doc = questions[int(q)]['documents'][int(j)]
+        assert row.qid == q and doc['type'] == 'correct'
+        assert questions[int(q)]['gold_answers'][int(row.iteration) - 1] == doc['answer']
+    answers_per_query = qrels.groupby('qid')['iteration'].nunique()
+    assert answers_per_query.max() == 3 and answers_per_query.min() == 1
+
+
+def test_musique(data_dir):
+    ds = load_dataset(data_dir / 'musique')
+    assert isinstance(ds, MusiqueDataset)
+    topics, qrels, docs = ds.get_topics(), ds.get_qrels(), corpus(ds)
+    assert len(topics) == 100 and len(docs) == 1890
+    assert len(qrels) == 237  # 68 x 2 + 27 x 3 + 5 x 4 supporting paragraphs
+    assert set(qrels.groupby('qid').size()) == {2, 3, 4}
+    # each supporting paragraph is its own target
+    assert (qrels.groupby('qid')['iteration'].nunique() == qrels.groupby('qid').size()).all()
+    # question 0's supporting paragraphs are its paragraphs 6 and 10, found in the corpus by content
+    question = json.loads((data_dir / 'musique' / 'musique_train.json').read_text())[0]
+    by_docno = {d['docno']: d for d in docs}
+    targets = qrels[qrels['qid'] == question['id']]
+    assert [by_docno[d]['title'] for d in targets['docno']] == [question['paragraphs'][i]['title'] for i in (6, 10)]
+    assert list(targets['iteration']) == ['1', '2']
+
+
+def test_beir_scifact(data_dir):
+    ds = load_dataset(data_dir / 'scifact')
+    assert isinstance(ds, BeirDataset)
+    assert len(ds.get_topics()) == 300 and len(ds.get_qrels()) == 339
+    assert len(ds.get_topics('train')) == 809
+    docs = corpus(ds)
+    assert len(docs) == 5183
+    doc = next(d for d in docs if d['docno'] == '4983')
+    assert doc['text'].startswith('Microstructural development of human newborn cerebral white matter') and doc['title']
+    with pytest.raises(ValueError, match="no qrels split 'dev'.*'test', 'train'"):
+        ds.get_qrels('dev')
+
+
+def test_trec_vaswani(data_dir):
+    ds = load_dataset(data_dir / 'vaswani')
+    assert isinstance(ds, TrecDataset)
+    topics, qrels, docs = ds.get_topics(), ds.get_qrels(), corpus(ds)
+    assert len(topics) == 93 and len(qrels) == 2083 and len(docs) == 11429
+    assert docs[0] == {'docno': '1', 'text': 'compact memories have flexible capacities a digital data storage system '
+                                              'with capacity up to bits and random and or sequential access is described'}
+    assert docs[-1]['docno'] == '11429'
+
+
+def test_trec_parser_across_chunks(tmp_path, monkeypatch):
+    docs = [f'<DOC>\n<DOCNO> d{i} </DOCNO>\nword{i} text\n</DOC>\n' for i in range(50)]
+    (tmp_path / 'corpus.trec').write_text(''.join(docs))
+    (tmp_path / 'topics.trec').write_text('<top>\n<num>1</num><title>\nword3\n</title>\n</top>\n')
+    (tmp_path / 'qrels').write_text('1 0 d3 1\n')
+    monkeypatch.setattr(datasets, 'TREC_CHUNK_SIZE', 7)  # every <DOC> straddles several reads
+    parsed = corpus(TrecDataset(tmp_path))
+    assert parsed == [{'docno': f'd{i}', 'text': f'word{i} text'} for i in range(50)]
+    assert TrecDataset(tmp_path).get_topics()[['qid', 'query']].to_dict('records') == [{'qid': '1', 'query': 'word3'}]
+
+
+def test_truncated_trec_corpus_is_an_error(tmp_path):
+    (tmp_path / 'corpus.trec').write_text('<DOC><DOCNO>1</DOCNO>a</DOC>\n<DOC><DOCNO>2</DOCNO>b')
+    (tmp_path / 'topics.trec').write_text('')
+    (tmp_path / 'qrels').write_text('')
+    with pytest.raises(ValueError, match='incomplete <DOC>'):
+        corpus(TrecDataset(tmp_path))
+
+
+def test_missing_path_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match='does-not-exist.*does not exist'):
+        load_dataset(tmp_path / 'does-not-exist')
+    with pytest.raises(ValueError, match='cannot tell what collection'):
+        load_dataset(tmp_path)
+    (tmp_path / 'corpus.jsonl').write_text('')
+    with pytest.raises(FileNotFoundError, match='has no queries.jsonl'):
+        load_dataset(tmp_path)
+
+
+def test_corrupt_jsonl_line_is_named(tmp_path):
+    file = tmp_path / 'RAMDocs_x.jsonl'
+    file.write_text('{"question": "q", "documents": [], "gold_answers": []}\n{not json\n')
+    with pytest.raises(ValueError, match='line 2 is not valid JSON'):
+        load_dataset(file)
+
+
+def test_irds_identifiers_go_to_pyterrier(monkeypatch):
+    import pyterrier as pt
+    asked = []
+    monkeypatch.setattr(pt, 'get_dataset', lambda name: asked.append(name) or 'dataset')
+    assert load_dataset('irds:beir/scifact/test') == 'dataset'
+    assert asked == ['irds:beir/scifact/test']
+
+
+def test_topics_and_qrels_frames_have_pyterrier_columns(data_dir):
+    ds = load_dataset(data_dir / 'ramdocs')
+    assert list(ds.get_topics().columns) == ['qid', 'query']
+    assert list(ds.get_qrels().columns) == ['qid', 'docno', 'label', 'iteration']
+    assert pd.api.types.is_integer_dtype(ds.get_qrels()['label'])
