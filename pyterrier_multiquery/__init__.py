@@ -24,6 +24,7 @@ _ATTRIBUTES = {
     'distance_quartiles': 'analysis',
     'low_similarity_subset': 'analysis',
     'paired_bootstrap': 'analysis',
+    'MultiVectorIndex': 'index',
     'baseline_systems': 'experiment',
     'run_experiment': 'experiment',
 }

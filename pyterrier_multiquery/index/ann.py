@@ -1,0 +1,89 @@
+"""FAISS indexes over all stored vectors of a MultiVectorIndex: the candidate stage of approximate MaxSim."""
+import math
+import os
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pyterrier as pt
+
+ANN_KINDS = ('flat', 'ivf', 'hnsw')
+
+
+def faiss_factory(kind: str, quantizer: Optional[str], vec_count: int) -> str:
+    """The :func:`faiss.index_factory` string of an ANN stage.
+
+    Args:
+        kind: ``flat`` (exhaustive), ``ivf`` (inverted file with ``4 * sqrt(n)`` lists) or ``hnsw`` (HNSW, 32 links).
+        quantizer: ``None`` (float32 vectors), ``SQ8``/``SQfp16`` (scalar) or ``PQ<m>`` (product quantiser).
+        vec_count: Number of vectors to be indexed (sets the number of IVF lists).
+    """
+    if kind not in ANN_KINDS:
+        raise ValueError(f'ANN kind must be one of {ANN_KINDS}, got {kind!r}')
+    if quantizer is not None and not (quantizer in ('SQ8', 'SQ4', 'SQfp16') or
+                                      (quantizer.startswith('PQ') and quantizer[2:].isdigit())):
+        raise ValueError(f'quantizer must be None, SQ8, SQ4, SQfp16 or PQ<m>, got {quantizer!r}')
+    storage = quantizer or 'Flat'
+    if kind == 'flat':
+        return storage
+    if kind == 'ivf':
+        return f'IVF{max(1, int(4 * math.sqrt(vec_count)))},{storage}'
+    return 'HNSW32' if quantizer is None else f'HNSW32_{storage}'
+
+
+def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, verbose: bool = True):
+    """Loads the FAISS index of ``index``'s vectors for (kind, quantizer), building and caching it the first time.
+
+    The FAISS file lives in the index folder, written under a temporary name and renamed once complete.
+
+    Returns:
+        The CPU :class:`faiss.Index` (inner-product metric).
+    """
+    import faiss
+    meta, vectors, _, _ = index.payload()
+    factory = faiss_factory(kind, quantizer, meta['vec_count'])
+    path = Path(index.path) / f'ann.{factory.replace(",", "_")}.faiss'
+    if path.exists():
+        try:
+            return faiss.read_index(str(path))
+        except RuntimeError as e:
+            raise ValueError(f'FAISS file {str(path)!r} cannot be read (delete it to rebuild): {e}') from None
+    ann = faiss.index_factory(meta['dim'], factory, faiss.METRIC_INNER_PRODUCT)
+    if not ann.is_trained:
+        rng = np.random.default_rng(0)
+        lists = faiss.extract_index_ivf(ann).nlist if kind == 'ivf' else 0
+        sample_size = min(meta['vec_count'], max(100_000, 40 * lists))  # FAISS asks for >= 39 points a list
+        sample = np.sort(rng.choice(meta['vec_count'], sample_size, replace=False))
+        ann.train(np.ascontiguousarray(vectors[sample], dtype=np.float32))
+    chunk = 65_536
+    starts = range(0, meta['vec_count'], chunk)
+    if verbose:
+        starts = pt.tqdm(starts, desc=f'building {factory}', unit='chunk')
+    for start in starts:
+        ann.add(np.ascontiguousarray(vectors[start:start + chunk], dtype=np.float32))
+    tmp = path.with_name(f'.{path.name}.tmp-{os.getpid()}')
+    try:
+        faiss.write_index(ann, str(tmp))
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return ann
+
+
+def to_device(ann, device: str):
+    """Moves a FAISS index to the GPU when ``device`` is CUDA and FAISS was built with GPU support."""
+    import faiss
+    if device.startswith('cuda') and hasattr(faiss, 'index_cpu_to_gpu') and faiss.get_num_gpus() > 0:
+        gpu = int(device.split(':')[1]) if ':' in device else 0
+        return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), gpu, ann)
+    return ann
+
+
+def set_search_effort(ann, kind: str, effort: int) -> None:
+    """Sets how much of the index a search visits: IVF lists probed (``nprobe``) or HNSW's ``efSearch``."""
+    import faiss
+    name = {'ivf': 'nprobe', 'hnsw': 'efSearch'}.get(kind)
+    if name is not None:
+        space = faiss.GpuParameterSpace() if 'Gpu' in type(ann).__name__ else faiss.ParameterSpace()
+        space.set_index_parameter(ann, name, effort)

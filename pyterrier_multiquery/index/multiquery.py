@@ -1,0 +1,110 @@
+"""Retrieval where each query vector searches on its own and the lists are merged (AMER's multi-query search)."""
+from typing import List
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+
+MERGES = ('round_robin', 'score_sum', 'rrf')
+
+
+def round_robin(lists: List[List[str]], num_results: int) -> List[str]:
+    """Interleaves ranked lists rank by rank (list order within a rank), skipping documents already taken."""
+    merged, seen = [], set()
+    for depth in range(max((len(docs) for docs in lists), default=0)):
+        for docs in lists:
+            if depth < len(docs) and docs[depth] not in seen:
+                seen.add(docs[depth])
+                merged.append(docs[depth])
+                if len(merged) == num_results:
+                    return merged
+    return merged
+
+
+class MultiQueryRetriever(pt.Transformer):
+    """Each row of ``query_embs`` retrieves its own list (MaxSim of one vector: its best match in a document);
+    the lists are merged round-robin without duplicates (AMER), by summed scores, or by reciprocal-rank fusion.
+
+    Round-robin scores are ``-rank``; score-sum scores are the sums of the lists' scores; RRF is
+    :func:`pyterrier_alpha.fusion.rr_fusion`.
+    """
+    schematic = {'label': 'MultiQuery'}
+
+    def __init__(self, index, *, merge: str = 'round_robin', num_results: int = 1000,
+                 per_vector_results: int = None, rrf_k: int = 60, verbose: bool = False, **maxsim_args):
+        """
+        Args:
+            index: The :class:`MultiVectorIndex` to search.
+            merge: ``round_robin``, ``score_sum`` or ``rrf``.
+            num_results: Documents returned per query after merging.
+            per_vector_results: Documents each query vector retrieves (default: ``num_results``).
+            rrf_k: RRF's rank constant.
+            verbose: Whether to show progress bars.
+            maxsim_args: Passed to the per-vector :class:`MaxSimRetriever` (``exact``, ``ann``, ``device``, ...).
+        """
+        from pyterrier_multiquery.index.maxsim import MaxSimRetriever
+        if merge not in MERGES:
+            raise ValueError(f'merge must be one of {MERGES}, got {merge!r}')
+        self.index = index
+        self.merge = merge
+        self.num_results = num_results
+        self.per_vector_results = per_vector_results or num_results
+        self.rrf_k = rrf_k
+        self.verbose = verbose
+        self.retriever = MaxSimRetriever(index, num_results=self.per_vector_results, drop_query_embs=True,
+                                         verbose=verbose, **maxsim_args)
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        """Retrieves for each query row (``qid``, ``query_embs``) and merges its vectors' lists."""
+        pt.validate.query_frame(inp, extra_columns=['query_embs'])
+        query_columns = [c for c in inp.columns if c != 'query_embs']
+        if len(inp) == 0:
+            return inp[query_columns].assign(docno=[], score=[], rank=[])
+        counts = inp['query_embs'].map(lambda embs: len(np.atleast_2d(embs)))
+        single = inp[query_columns].iloc[np.repeat(np.arange(len(inp)), counts)].reset_index(drop=True)
+        single = single.assign(vector=np.concatenate([np.arange(c) for c in counts] + [np.zeros(0, int)]),
+                               query_embs=[row[None, :] for embs in inp['query_embs'] for row in np.atleast_2d(embs)])
+        lists = self.retriever(single)
+        if self.merge == 'rrf':
+            from pyterrier_alpha.fusion import rr_fusion
+            frames = [frame.drop(columns='vector') for _, frame in lists.groupby('vector')]
+            merged = rr_fusion(*frames, k=self.rrf_k, num_results=self.num_results) if frames else lists.iloc[:0]
+            return inp[query_columns].merge(merged[['qid', 'docno', 'score', 'rank']], on='qid')
+        rows = []
+        for qid, frame in lists.groupby('qid', sort=False):
+            if self.merge == 'round_robin':
+                per_vector = [group['docno'].tolist() for _, group in frame.sort_values(['vector', 'rank']).groupby('vector')]
+                docnos = round_robin(per_vector, self.num_results)
+                rows.append(pd.DataFrame({'qid': qid, 'docno': docnos, 'score': -np.arange(len(docnos), dtype=float)}))
+            else:
+                sums = frame.groupby('docno', sort=False)['score'].sum()
+                rows.append(pd.DataFrame({'qid': qid, 'docno': sums.index, 'score': sums.to_numpy(dtype=float)}))
+        merged = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=['qid', 'docno', 'score'])
+        merged = pt.model.add_ranks(merged)
+        merged = merged[merged['rank'] < self.num_results]
+        return inp[query_columns].merge(merged, on='qid').sort_values(['qid', 'rank'], kind='stable').reset_index(drop=True)
+
+    def fuse_rank_cutoff(self, k: int):
+        """``retriever % k`` keeps the merged top ``k`` (the per-vector lists stay as long)."""
+        if k < self.num_results:
+            return MultiQueryRetriever(self.index, merge=self.merge, num_results=k,
+                                       per_vector_results=self.per_vector_results, rrf_k=self.rrf_k,
+                                       verbose=self.verbose, **self._maxsim_args())
+        return None
+
+    def _maxsim_args(self):
+        r = self.retriever
+        return dict(aggregate=r.aggregate, exact=r.exact, ann=r.ann, quantizer=r.quantizer, candidates=r.candidates,
+                    search_effort=r.search_effort, device=r.device, batch_size=r.batch_size, block_vectors=r.block_vectors)
+
+    def _key(self):
+        return (self.merge, self.num_results, self.per_vector_results, self.rrf_k, self.retriever._key())
+
+    def __eq__(self, other):
+        return isinstance(other, MultiQueryRetriever) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash((MultiQueryRetriever, self._key()))
+
+    def __repr__(self):
+        return f'{self.index!r}.multiquery_retriever(merge={self.merge!r}, num_results={self.num_results})'

@@ -1,0 +1,248 @@
+import json
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+import pytest
+
+from pyterrier_multiquery.index import CorruptIndexError, MultiVectorIndex
+from pyterrier_multiquery.index.multiquery import round_robin
+from pyterrier_multiquery.index.synthetic import clustered_collection
+
+
+def random_collection(doc_count=300, dim=16, max_vectors=6, seed=0):
+    rng = np.random.default_rng(seed)
+    return [{'docno': f'd{i}', 'doc_embs': rng.normal(size=(rng.integers(1, max_vectors + 1), dim)).astype(np.float32)}
+            for i in range(doc_count)]
+
+
+def topics_frame(queries):
+    queries = list(queries)
+    return pd.DataFrame({'qid': [f'q{i}' for i in range(len(queries))], 'query': 'x', 'query_embs': list(queries)})
+
+
+def brute_force(docs, query, aggregate='mean'):
+    """MaxSim written out: for each query vector the best dot product in the document, then the mean (or sum)."""
+    scores = []
+    for doc in docs:
+        best = [max(float(np.dot(q, d)) for d in doc['doc_embs']) for q in query]
+        scores.append(np.mean(best) if aggregate == 'mean' else np.sum(best))
+    return np.array(scores)
+
+
+@pytest.fixture(scope='module')
+def collection(tmp_path_factory):
+    docs = random_collection()
+    index = MultiVectorIndex(tmp_path_factory.mktemp('mvi') / 'index', verbose=False).index(docs)
+    return docs, index
+
+
+@pytest.mark.parametrize('aggregate', ['mean', 'sum'])
+def test_exact_maxsim_equals_brute_force(collection, aggregate):
+    docs, index = collection
+    rng = np.random.default_rng(1)
+    queries = [rng.normal(size=(k, 16)).astype(np.float32) for k in (1, 3, 8)]
+    # small blocks so documents are scored across several blocks and the running top-k is exercised
+    out = index.maxsim_retriever(num_results=20, aggregate=aggregate, block_vectors=50)(topics_frame(queries))
+    for i, query in enumerate(queries):
+        expected = brute_force(docs, query, aggregate)
+        top = np.argsort(-expected, kind='stable')[:20]
+        got = out[out['qid'] == f'q{i}']
+        assert list(got['docno']) == [f'd{j}' for j in top]
+        np.testing.assert_allclose(got['score'], expected[top], rtol=1e-5)
+        assert list(got['rank']) == list(range(20))
+
+
+def test_single_vectors_match_flexindex(tmp_path):
+    from pyterrier_dr import FlexIndex
+    rng = np.random.default_rng(2)
+    vecs = rng.normal(size=(500, 16)).astype(np.float32)
+    records = [{'docno': f'd{i}', 'doc_vec': v} for i, v in enumerate(vecs)]
+    flex = FlexIndex(str(tmp_path / 'flex'), verbose=False)
+    flex.index(records)
+    mvi = MultiVectorIndex(tmp_path / 'mvi', verbose=False).index(records)
+    queries = rng.normal(size=(5, 16)).astype(np.float32)
+    ours = mvi.maxsim_retriever(num_results=50)(topics_frame(q[None, :] for q in queries))
+    theirs = flex.np_retriever(num_results=50)(pd.DataFrame({'qid': [f'q{i}' for i in range(5)], 'query': 'x',
+                                                             'query_vec': list(queries)}))
+    for qid in ours['qid'].unique():
+        a, b = ours[ours['qid'] == qid], theirs[theirs['qid'] == qid]
+        assert list(a['docno']) == list(b['docno'])
+        np.testing.assert_allclose(a['score'], b['score'], rtol=1e-5)
+
+
+def test_approximate_recall_on_20k_passages(tmp_path):
+    docs, queries = clustered_collection(20_000, dim=128, min_vectors=4, max_vectors=16, query_count=100, seed=3)
+    index = MultiVectorIndex(tmp_path / 'mvi', verbose=False).index(docs)
+    topics = topics_frame(queries)
+    exact = index.maxsim_retriever(num_results=10)(topics)
+    approx = index.maxsim_retriever(exact=False, num_results=10)(topics)  # default settings
+    recall = np.mean([len(set(exact[exact.qid == q].docno) & set(approx[approx.qid == q].docno)) / 10
+                      for q in topics.qid])
+    assert recall >= 0.99
+    # the FAISS stage is cached in the index folder and reused
+    assert len(list((tmp_path / 'mvi').glob('ann.*.faiss'))) == 1
+    again = MultiVectorIndex(tmp_path / 'mvi', verbose=False).maxsim_retriever(exact=False, num_results=10)(topics)
+    pd.testing.assert_frame_equal(again[['qid', 'docno', 'rank']], approx[['qid', 'docno', 'rank']])
+
+
+def test_approximate_with_quantisers_and_hnsw(collection):
+    docs, index = collection
+    queries = [np.asarray(docs[i]['doc_embs'], dtype=np.float32) for i in (0, 5, 9)]  # each finds itself first
+    for ann, quantizer in (('flat', None), ('hnsw', None), ('ivf', 'SQ8'), ('flat', 'PQ4')):
+        out = index.maxsim_retriever(exact=False, ann=ann, quantizer=quantizer, num_results=5)(topics_frame(queries))
+        assert list(out[out['rank'] == 0]['docno']) == ['d0', 'd5', 'd9'], (ann, quantizer)
+
+
+def test_save_reload_and_float16(collection, tmp_path):
+    docs, index = collection
+    queries = topics_frame([np.ones((2, 16), dtype=np.float32)])
+    before = index.maxsim_retriever(num_results=10)(queries)
+    reloaded = MultiVectorIndex(index.path, verbose=False)
+    pd.testing.assert_frame_equal(before, reloaded.maxsim_retriever(num_results=10)(queries))
+    meta = json.loads((index.path / 'pt_meta.json').read_text())
+    assert meta['type'] == 'multi_vector_index' and meta['doc_count'] == 300
+    assert meta['vec_count'] == sum(len(d['doc_embs']) for d in docs)
+    half = MultiVectorIndex(tmp_path / 'half', verbose=False).indexer(dtype='float16').index(docs)
+    assert half.bytes_per_vector() == 32 and index.bytes_per_vector() == 64
+    out = half.maxsim_retriever(num_results=10)(queries)
+    assert list(out['docno'][:5]) == list(before['docno'][:5])
+    np.testing.assert_allclose(out['score'], before['score'], atol=1e-2)
+
+
+def test_loads_through_pyterrier_artifact(collection):
+    _, index = collection
+    loaded = pt.Artifact.load(str(index.path))
+    assert isinstance(loaded, MultiVectorIndex) and len(loaded) == 300
+
+
+def test_interrupted_build_leaves_no_index(tmp_path):
+    def records():
+        yield from random_collection(10)
+        raise KeyboardInterrupt()
+
+    with pytest.raises(KeyboardInterrupt):
+        MultiVectorIndex(tmp_path / 'index', verbose=False).index(records())
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(FileNotFoundError, match='pt_meta.json is missing'):
+        MultiVectorIndex(tmp_path / 'index').payload()
+
+
+def test_existing_index_is_kept_unless_overwrite(collection):
+    _, index = collection
+    with pytest.raises(FileExistsError, match='overwrite=True'):
+        MultiVectorIndex(index.path).index(random_collection(5))
+
+
+@pytest.mark.parametrize('damage', ['truncate_vectors', 'truncate_offsets', 'bad_meta', 'bad_offsets'])
+def test_corrupt_files_are_named(collection, tmp_path, damage):
+    import shutil
+    _, index = collection
+    path = tmp_path / 'copy'
+    shutil.copytree(index.path, path)
+    if damage == 'truncate_vectors':
+        with open(path / 'vecs.f4', 'r+b') as f:
+            f.truncate(100)
+        match = r'vecs.f4.*has 100 bytes'
+    elif damage == 'truncate_offsets':
+        with open(path / 'offsets.i8', 'r+b') as f:
+            f.truncate(16)
+        match = 'offsets.i8.*has 16 bytes'
+    elif damage == 'bad_meta':
+        (path / 'pt_meta.json').write_text('{"type": "multi_vector')
+        match = 'not valid JSON'
+    else:
+        offsets = np.fromfile(path / 'offsets.i8', dtype=np.int64)
+        offsets[5] = offsets[4]
+        offsets.tofile(path / 'offsets.i8')
+        match = 'not an increasing sequence'
+    with pytest.raises(CorruptIndexError, match=match):
+        MultiVectorIndex(path).payload()
+
+
+def test_bad_records_and_queries_are_named(collection, tmp_path):
+    _, index = collection
+    with pytest.raises(ValueError, match="document 'b' has vectors of size 3, expected 2"):
+        MultiVectorIndex(tmp_path / 'a').index([{'docno': 'a', 'doc_embs': np.ones((2, 2))},
+                                               {'docno': 'b', 'doc_embs': np.ones((1, 3))}])
+    with pytest.raises(ValueError, match='non-empty 2-D'):
+        MultiVectorIndex(tmp_path / 'b').index([{'docno': 'a', 'doc_embs': np.ones((0, 2))}])
+    with pytest.raises(KeyError, match='neither doc_embs nor doc_vec'):
+        MultiVectorIndex(tmp_path / 'c').index([{'docno': 'a', 'text': 'x'}])
+    with pytest.raises(ValueError, match='nothing to index'):
+        MultiVectorIndex(tmp_path / 'd').index([])
+    assert not any(tmp_path.iterdir())
+    with pytest.raises(ValueError, match="query 'q0'.*rows of size 16.*got shape \\(2, 5\\)"):
+        index.maxsim_retriever()(topics_frame([np.ones((2, 5))]))
+    with pytest.raises(pt.validate.InputValidationError, match='query_embs'):
+        index.maxsim_retriever()(pd.DataFrame({'qid': ['1'], 'query': ['x']}))
+
+
+def test_empty_frames(collection):
+    _, index = collection
+    empty = topics_frame([])
+    for retriever in (index.maxsim_retriever(), index.maxsim_retriever(exact=False, ann='flat'),
+                      index.mean_retriever(), index.multiquery_retriever()):
+        out = retriever(empty)
+        assert len(out) == 0 and {'qid', 'docno', 'score', 'rank'} <= set(out.columns), retriever
+    scored = index.maxsim_scorer()(pd.DataFrame(columns=['qid', 'query', 'docno', 'score', 'rank', 'query_embs']))
+    assert len(scored) == 0
+
+
+def test_round_robin_hand_case():
+    lists = [['a', 'b', 'c'], ['b', 'd'], ['e', 'a', 'f', 'g']]
+    # rank 0: a, b, e; rank 1: (b taken), d, (a taken); rank 2: c, f; rank 3: g
+    assert round_robin(lists, 10) == ['a', 'b', 'e', 'd', 'c', 'f', 'g']
+    assert round_robin(lists, 4) == ['a', 'b', 'e', 'd']
+    assert round_robin([], 3) == []
+
+
+def test_multiquery_retriever_merges_each_vectors_list(tmp_path):
+    # one vector per document on the axes; the query's two vectors point at d0 and d1 (then d2 and d3)
+    vecs = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [.9, 0, .1, 0], [0, .8, 0, .1], [0, 0, 0, 1]], dtype=np.float32)
+    index = MultiVectorIndex(tmp_path / 'mvi', verbose=False).index([{'docno': f'd{i}', 'doc_vec': v} for i, v in enumerate(vecs)])
+    topics = topics_frame([np.array([[1, 0, 0, 0], [0, 1, 0, 0]], dtype=np.float32)])
+    rr = index.multiquery_retriever(num_results=4)(topics)
+    assert list(rr['docno']) == ['d0', 'd1', 'd2', 'd3']
+    assert list(rr['rank']) == [0, 1, 2, 3] and rr['score'].is_monotonic_decreasing
+    summed = index.multiquery_retriever('score_sum', num_results=2)(topics)
+    assert list(summed['docno']) == ['d0', 'd1'] and list(summed['score']) == pytest.approx([1., 1.])
+    rrf = index.multiquery_retriever('rrf', num_results=3)(topics)
+    assert list(rrf['docno'])[:2] in (['d0', 'd1'], ['d1', 'd0'])
+    with pytest.raises(ValueError, match='merge'):
+        index.multiquery_retriever('concat')
+
+
+def test_mean_retriever(collection):
+    docs, index = collection
+    query = np.random.default_rng(4).normal(size=(3, 16)).astype(np.float32)
+    out = index.mean_retriever(num_results=5)(topics_frame([query]))
+    means = np.stack([d['doc_embs'].mean(axis=0) for d in docs])
+    expected = means @ query.mean(axis=0)
+    assert list(out['docno']) == [f'd{j}' for j in np.argsort(-expected)[:5]]
+    np.testing.assert_allclose(out['score'], np.sort(expected)[::-1][:5], rtol=1e-5)
+
+
+def test_maxsim_scorer_rescoring(collection):
+    docs, index = collection
+    query = np.random.default_rng(5).normal(size=(4, 16)).astype(np.float32)
+    frame = pd.DataFrame({'qid': 'q0', 'query': 'x', 'docno': ['d3', 'd7', 'd1'], 'score': [0., 0., 0.],
+                          'query_embs': [query] * 3})
+    out = index.maxsim_scorer()(frame)
+    expected = brute_force([docs[3], docs[7], docs[1]], query)
+    assert list(out.sort_values('rank')['docno']) == [['d3', 'd7', 'd1'][j] for j in np.argsort(-expected)]
+    np.testing.assert_allclose(out.set_index('docno').loc[['d3', 'd7', 'd1'], 'score'], expected, rtol=1e-5)
+    with pytest.raises(KeyError, match="docno 'nope' is not in the index"):
+        index.maxsim_scorer()(frame.assign(docno=['d3', 'nope', 'd1']))
+
+
+def test_rank_cutoff_fuses_and_equality(collection):
+    _, index = collection
+    retriever = index.maxsim_retriever(num_results=100)
+    assert retriever == index.maxsim_retriever(num_results=100)
+    assert hash(retriever) == hash(index.maxsim_retriever(num_results=100))
+    assert retriever != index.maxsim_retriever(num_results=100, exact=False)
+    assert (retriever % 10).compile() == index.maxsim_retriever(num_results=10)
+    assert (index.mean_retriever() % 5).compile() == index.mean_retriever(num_results=5)
+    # the per-vector lists keep their length: only the merged list is cut
+    assert (index.multiquery_retriever() % 5).compile() == index.multiquery_retriever(num_results=5, per_vector_results=1000)
