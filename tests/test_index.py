@@ -160,6 +160,18 @@ def test_corrupt_files_are_named(collection, tmp_path, damage):
         MultiVectorIndex(path).payload()
 
 
+def test_corrupt_faiss_file_is_named(collection, tmp_path):
+    import shutil
+    _, index = collection
+    shutil.copytree(index.path, tmp_path / 'copy')
+    copy = MultiVectorIndex(tmp_path / 'copy', verbose=False)
+    copy.maxsim_retriever(exact=False, ann='flat')(topics_frame([np.ones((1, 16))]))
+    ann_file = tmp_path / 'copy' / 'ann.Flat.faiss'
+    ann_file.write_bytes(b'not a faiss index')
+    with pytest.raises(ValueError, match='cannot be read'):
+        copy.maxsim_retriever(exact=False, ann='flat')(topics_frame([np.ones((1, 16))]))
+
+
 def test_bad_records_and_queries_are_named(collection, tmp_path):
     _, index = collection
     with pytest.raises(ValueError, match="document 'b' has vectors of size 3, expected 2"):

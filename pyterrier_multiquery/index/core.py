@@ -94,11 +94,6 @@ class MultiVectorIndex(pta.Artifact, pt.Indexer):
         from pyterrier_multiquery.index.multiquery import MultiQueryRetriever
         return MultiQueryRetriever(self, merge=merge, **kwargs)
 
-    def doc_embs(self, docids: Iterable[int]) -> list:
-        """The (float32) vectors of each of the given internal document ids."""
-        _, vectors, offsets, _ = self.payload()
-        return [np.asarray(vectors[offsets[i]:offsets[i + 1]], dtype=np.float32) for i in docids]
-
     def bytes_per_vector(self) -> int:
         """Bytes that one stored vector takes on disk."""
         meta = self.payload()[0]

@@ -16,29 +16,33 @@ def resolve_device(device: Optional[str]) -> str:
     return 'cuda' if torch.cuda.is_available() else 'cpu'
 
 
-def maxsim_scores(query, doc_vectors, doc_of_vector, doc_count: int, aggregate: str):
-    """MaxSim of one or more queries against a set of documents, as torch tensors.
+def maxsim_scores(query, doc_vectors, doc_lengths, aggregate: str):
+    """MaxSim of one or more queries against consecutive documents, as torch tensors.
 
     Args:
         query: ``(Q, d)`` query vectors, or a list of them for a batch.
-        doc_vectors: ``(V, d)`` stored vectors of the documents.
-        doc_of_vector: ``(V,)`` position (``0 .. doc_count-1``) of each vector's document.
-        doc_count: Number of documents.
+        doc_vectors: ``(V, d)`` stored vectors of the documents, one document after another.
+        doc_lengths: ``(D,)`` number of vectors of each document (summing to ``V``).
         aggregate: ``mean`` or ``sum`` over each query's vectors.
 
     Returns:
-        ``(batch, doc_count)`` scores.
+        ``(batch, D)`` scores.
     """
     import torch
     queries = query if isinstance(query, list) else [query]
-    lengths = torch.tensor([len(q) for q in queries], device=doc_vectors.device)
     stacked = torch.cat(queries)
     sims = stacked @ doc_vectors.T
-    per_doc = torch.full((len(stacked), doc_count), -torch.inf, device=sims.device, dtype=sims.dtype)
-    per_doc.scatter_reduce_(1, doc_of_vector.expand(len(stacked), -1), sims, reduce='amax')
-    query_of_row = torch.repeat_interleave(torch.arange(len(queries), device=sims.device), lengths)
+    doc_count = len(doc_lengths)
+    if doc_count and bool((doc_lengths == doc_lengths[0]).all()):  # equal lengths: a plain reshape
+        per_doc = sims.view(len(stacked), doc_count, -1).amax(dim=2)
+    else:
+        doc_of_vector = torch.repeat_interleave(torch.arange(doc_count, device=sims.device), doc_lengths)
+        per_doc = torch.full((len(stacked), doc_count), -torch.inf, device=sims.device, dtype=sims.dtype)
+        per_doc.scatter_reduce_(1, doc_of_vector.expand(len(stacked), -1), sims, reduce='amax')
+    query_lengths = torch.tensor([len(q) for q in queries], device=sims.device)
+    query_of_row = torch.repeat_interleave(torch.arange(len(queries), device=sims.device), query_lengths)
     scores = torch.zeros((len(queries), doc_count), device=sims.device, dtype=sims.dtype).index_add_(0, query_of_row, per_doc)
-    return scores / lengths[:, None] if aggregate == 'mean' else scores
+    return scores / query_lengths[:, None] if aggregate == 'mean' else scores
 
 
 class MaxSimRetriever(pt.Transformer):
@@ -55,7 +59,7 @@ class MaxSimRetriever(pt.Transformer):
     schematic = {'label': 'MaxSim'}
 
     def __init__(self, index, *, num_results: int = 1000, aggregate: str = 'mean', exact: bool = True,
-                 ann: str = 'ivf', quantizer: Optional[str] = None, candidates: int = 64, search_effort: int = 32,
+                 ann: str = 'ivf', quantizer: Optional[str] = None, candidates: int = 256, search_effort: int = 32,
                  device: Optional[str] = None, batch_size: int = 64, block_vectors: int = 65536,
                  drop_query_embs: bool = False, verbose: bool = False):
         """
@@ -121,8 +125,7 @@ class MaxSimRetriever(pt.Transformer):
         for first, last in blocks:
             block = torch.from_numpy(np.array(vectors[offsets[first]:offsets[last]], dtype=np.float32)).to(self.device)
             lengths = torch.from_numpy(np.diff(offsets[first:last + 1])).to(self.device)
-            doc_of_vector = torch.repeat_interleave(torch.arange(last - first, device=self.device), lengths)
-            scores = maxsim_scores(batch, block, doc_of_vector, last - first, self.aggregate)
+            scores = maxsim_scores(batch, block, lengths, self.aggregate)
             best_scores = torch.cat([best_scores, scores], dim=1)
             best_docids = torch.cat([best_docids, torch.arange(first, last, device=self.device).expand(len(queries), -1)], dim=1)
             if best_scores.shape[1] > self.num_results:
@@ -153,9 +156,7 @@ class MaxSimRetriever(pt.Transformer):
         lengths = offsets[docids + 1] - offsets[docids]
         rows = np.repeat(offsets[docids] - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
         doc_vectors = torch.from_numpy(np.asarray(vectors[rows], dtype=np.float32)).to(self.device)
-        doc_of_vector = torch.repeat_interleave(torch.arange(len(docids), device=self.device),
-                                                torch.from_numpy(lengths).to(self.device))
-        return maxsim_scores(query, doc_vectors, doc_of_vector, len(docids), self.aggregate)[0].cpu().numpy()
+        return maxsim_scores(query, doc_vectors, torch.from_numpy(lengths).to(self.device), self.aggregate)[0].cpu().numpy()
 
     def fuse_rank_cutoff(self, k: int):
         """``retriever % k`` with ``k`` below ``num_results`` becomes a retriever of ``k`` results."""
