@@ -25,6 +25,9 @@ _ATTRIBUTES = {
     'low_similarity_subset': 'analysis',
     'paired_bootstrap': 'analysis',
     'MultiVectorIndex': 'index',
+    'HuggingFaceGenerator': 'generation',
+    'OpenAICompatibleGenerator': 'generation',
+    'parse_queries': 'generation',
     'baseline_systems': 'experiment',
     'run_experiment': 'experiment',
 }

