@@ -1,0 +1,1 @@
+"""Contrastive losses and training loops shared by the methods."""
