@@ -1,6 +1,4 @@
 """Baseline pipeline stages: BM25 (PISA), single-vector dense retrieval (pyterrier_dr) and MMR re-ranking."""
-import os
-import shutil
 from pathlib import Path
 from typing import Callable, Iterable, Union
 
@@ -8,34 +6,9 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
+from pyterrier_multiquery._files import build_once
+
 PathLike = Union[str, Path]
-
-
-def build_once(path: PathLike, build: Callable[[str], None]) -> Path:
-    """Builds an index folder at ``path`` unless it is already there, never leaving a half-built one.
-
-    ``build`` is called with a temporary folder beside ``path``, which is renamed to ``path`` only once
-    ``build`` returns; an interrupted build leaves no folder at ``path``.
-
-    Args:
-        path: Where the finished index lives.
-        build: Writes the index into the folder it is given.
-
-    Returns:
-        The path of the finished index.
-    """
-    path = Path(path)
-    if path.exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f'.{path.name}.tmp-{os.getpid()}')
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        build(str(tmp))
-        os.replace(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
 
 
 def pisa_bm25(path: PathLike, corpus: Callable[[], Iterable[dict]], *, num_results: int = 1000, **bm25_args) -> pt.Transformer:

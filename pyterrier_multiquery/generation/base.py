@@ -82,8 +82,8 @@ class CachedGenerator(TextGenerator):
                 found.update(db.execute(f'SELECT key, text FROM generations WHERE key IN ({",".join("?" * len(chunk))})', chunk))
         missing = list(dict.fromkeys(k for k in keys if k not in found))
         if missing:
-            first_prompt = {k: p for k, p in zip(keys, prompts)}
-            texts = self.generator.generate([first_prompt[k] for k in missing])
+            prompt_of = dict(zip(keys, prompts))
+            texts = self.generator.generate([prompt_of[k] for k in missing])
             with sqlite3.connect(self.path) as db:
                 db.executemany('INSERT OR REPLACE INTO generations VALUES (?, ?)', zip(missing, texts))
             found.update(zip(missing, texts))

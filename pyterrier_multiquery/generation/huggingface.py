@@ -3,6 +3,7 @@ from typing import Dict, List, Optional
 
 import pyterrier as pt
 
+from pyterrier_multiquery._device import resolve_device
 from pyterrier_multiquery.generation.base import Messages, TextGenerator
 
 
@@ -28,14 +29,13 @@ class HuggingFaceGenerator(TextGenerator):
             seed: Seed for sampling.
             verbose: Whether to show a progress bar over batches.
         """
-        import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         self.model_id = f'{model}::{gguf_file}' if gguf_file else str(model)
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.top_p = top_p
         self.batch_size = batch_size
-        self.device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
+        self.device = resolve_device(device)
         self.seed = seed
         self.verbose = verbose
         load_args = {'gguf_file': gguf_file} if gguf_file else {}

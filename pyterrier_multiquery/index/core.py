@@ -1,7 +1,5 @@
 """On-disk storage of the MultiVectorIndex: a variable number of vectors per document, memory-mapped."""
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Dict, Iterable, Union
 
@@ -10,6 +8,8 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 import pyterrier_alpha as pta
+
+from pyterrier_multiquery._files import building
 
 _DTYPES = {'float32': ('vecs.f4', np.float32), 'float16': ('vecs.f2', np.float16)}
 
@@ -129,13 +129,10 @@ class MultiVectorIndexer(pt.Indexer):
             raise ValueError('nothing to index: the input had no documents')
         if self.index_ref.verbose:
             inp = pt.tqdm(inp, desc='indexing', unit='doc')
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f'.{path.name}.building-{os.getpid()}')
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
         file_name, dtype = _DTYPES[self.dtype]
         dim, offsets = None, [0]
-        try:
+        with building(path) as tmp:
+            tmp.mkdir()
             with open(tmp / file_name, 'wb') as vecs, Lookup.builder(tmp / 'docnos.npids') as docnos:
                 for record in inp:
                     embs = _record_embs(record)
@@ -152,11 +149,6 @@ class MultiVectorIndexer(pt.Indexer):
                     'package_hint': 'pyterrier-multiquery', 'dtype': self.dtype, 'dim': dim,
                     'doc_count': len(offsets) - 1, 'vec_count': offsets[-1]}
             (tmp / 'pt_meta.json').write_text(json.dumps(meta))
-            if path.exists():
-                shutil.rmtree(path)
-            os.replace(tmp, path)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
         self.index_ref._payload = None
         return self.index_ref
 

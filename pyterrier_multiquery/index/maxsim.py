@@ -1,19 +1,14 @@
 """Late-interaction (MaxSim) retrieval and re-scoring over a MultiVectorIndex, in torch on the CPU or a GPU."""
+import copy
 from typing import List, Optional, Tuple
 
 import numpy as np
 import pandas as pd
 import pyterrier as pt
 
+from pyterrier_multiquery._device import resolve_device
+
 AGGREGATES = ('mean', 'sum')
-
-
-def resolve_device(device: Optional[str]) -> str:
-    """``device``, or CUDA when torch sees a GPU and the CPU otherwise."""
-    if device is not None:
-        return device
-    import torch
-    return 'cuda' if torch.cuda.is_available() else 'cpu'
 
 
 def maxsim_scores(query, doc_vectors, doc_lengths, aggregate: str):
@@ -146,29 +141,17 @@ class MaxSimRetriever(pt.Transformer):
             docs = np.unique(hit_docs[row:row + len(query)])
             docs = docs[docs >= 0]
             row += len(query)
-            scores = self.score_documents(torch.from_numpy(query).to(self.device), docs, vectors, offsets)
+            scores = score_documents(torch.from_numpy(query).to(self.device), docs, vectors, offsets, self.aggregate)
             results.append(ranked(scores, docs, self.num_results))
         return results
-
-    def score_documents(self, query, docids: np.ndarray, vectors, offsets) -> np.ndarray:
-        """Exact MaxSim of one query (a ``(Q, d)`` tensor on ``device``) against the given documents."""
-        import torch
-        lengths = offsets[docids + 1] - offsets[docids]
-        rows = np.repeat(offsets[docids] - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
-        doc_vectors = torch.from_numpy(np.asarray(vectors[rows], dtype=np.float32)).to(self.device)
-        return maxsim_scores(query, doc_vectors, torch.from_numpy(lengths).to(self.device), self.aggregate)[0].cpu().numpy()
 
     def fuse_rank_cutoff(self, k: int):
         """``retriever % k`` with ``k`` below ``num_results`` becomes a retriever of ``k`` results."""
         if k < self.num_results:
-            return self._with(num_results=k)
+            fused = copy.copy(self)  # shares the loaded FAISS stage
+            fused.num_results = k
+            return fused
         return None
-
-    def _with(self, **changes) -> 'MaxSimRetriever':
-        args = {name: getattr(self, name) for name in ('num_results', 'aggregate', 'exact', 'ann', 'quantizer',
-                                                       'candidates', 'search_effort', 'device', 'batch_size',
-                                                       'block_vectors', 'drop_query_embs', 'verbose')}
-        return MaxSimRetriever(self.index, **{**args, **changes})
 
     def _key(self):
         approximate = () if self.exact else (self.ann, self.quantizer, self.candidates, self.search_effort)
@@ -199,12 +182,13 @@ class MaxSimScorer(pt.Transformer):
             device: torch device for scoring.
             verbose: Whether to show a progress bar over queries.
         """
+        if aggregate not in AGGREGATES:
+            raise ValueError(f'aggregate must be one of {AGGREGATES}, got {aggregate!r}')
         self.index = index
         self.aggregate = aggregate
         self.num_results = num_results
         self.device = resolve_device(device)
         self.verbose = verbose
-        self._scorer = MaxSimRetriever(index, aggregate=aggregate, device=self.device)
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Replaces ``score`` and ``rank`` with MaxSim's, per query."""
@@ -220,7 +204,7 @@ class MaxSimScorer(pt.Transformer):
             groups = pt.tqdm(groups, desc=repr(self), unit='q')
         for qid, rows in groups:
             query = torch.from_numpy(query_embs(inp['query_embs'].iloc[rows[0]], meta['dim'], qid)).to(self.device)
-            scores[rows] = self._scorer.score_documents(query, docids[rows], vectors, offsets)
+            scores[rows] = score_documents(query, docids[rows], vectors, offsets, self.aggregate)
         out = pt.model.add_ranks(inp.assign(score=scores))
         if self.num_results is not None:
             out = out[out['rank'] < self.num_results].reset_index(drop=True)
@@ -235,6 +219,15 @@ class MaxSimScorer(pt.Transformer):
 
     def __hash__(self):
         return hash((MaxSimScorer, str(self.index.path), self.aggregate, self.num_results))
+
+
+def score_documents(query, docids: np.ndarray, vectors, offsets: np.ndarray, aggregate: str) -> np.ndarray:
+    """Exact MaxSim of one query (a ``(Q, d)`` tensor) against the given documents of an index's vectors."""
+    import torch
+    lengths = offsets[docids + 1] - offsets[docids]
+    rows = np.repeat(offsets[docids] - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+    doc_vectors = torch.from_numpy(np.asarray(vectors[rows], dtype=np.float32)).to(query.device)
+    return maxsim_scores(query, doc_vectors, torch.from_numpy(lengths).to(query.device), aggregate)[0].cpu().numpy()
 
 
 def query_embs(embs, dim: int, qid) -> np.ndarray:

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
-from pyterrier_multiquery.baselines import build_once
+from pyterrier_multiquery._files import build_once
 
 
 class MeanRetriever(pt.Transformer):

@@ -1,5 +1,6 @@
 """Retrieval where each query vector searches on its own and the lists are merged (AMER's multi-query search)."""
-from typing import List
+import copy
+from typing import List, Optional
 
 import numpy as np
 import pandas as pd
@@ -31,7 +32,7 @@ class MultiQueryRetriever(pt.Transformer):
     schematic = {'label': 'MultiQuery'}
 
     def __init__(self, index, *, merge: str = 'round_robin', num_results: int = 1000,
-                 per_vector_results: int = None, rrf_k: int = 60, verbose: bool = False, **maxsim_args):
+                 per_vector_results: Optional[int] = None, rrf_k: int = 60, verbose: bool = False, **maxsim_args):
         """
         Args:
             index: The :class:`MultiVectorIndex` to search.
@@ -87,15 +88,10 @@ class MultiQueryRetriever(pt.Transformer):
     def fuse_rank_cutoff(self, k: int):
         """``retriever % k`` keeps the merged top ``k`` (the per-vector lists stay as long)."""
         if k < self.num_results:
-            return MultiQueryRetriever(self.index, merge=self.merge, num_results=k,
-                                       per_vector_results=self.per_vector_results, rrf_k=self.rrf_k,
-                                       verbose=self.verbose, **self._maxsim_args())
+            fused = copy.copy(self)
+            fused.num_results = k
+            return fused
         return None
-
-    def _maxsim_args(self):
-        r = self.retriever
-        return dict(aggregate=r.aggregate, exact=r.exact, ann=r.ann, quantizer=r.quantizer, candidates=r.candidates,
-                    search_effort=r.search_effort, device=r.device, batch_size=r.batch_size, block_vectors=r.block_vectors)
 
     def _key(self):
         return (self.merge, self.num_results, self.per_vector_results, self.rrf_k, self.retriever._key())

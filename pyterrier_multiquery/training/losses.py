@@ -1,5 +1,8 @@
 """Contrastive losses shared by the methods' trainers."""
-from typing import Tuple
+from typing import TYPE_CHECKING, Tuple
+
+if TYPE_CHECKING:
+    import torch
 
 
 def matched_infonce(predictions, candidates, gold, temperature: float = 0.05) -> Tuple['torch.Tensor', 'torch.Tensor']:
