@@ -28,6 +28,13 @@ _ATTRIBUTES = {
     'HuggingFaceGenerator': 'generation',
     'OpenAICompatibleGenerator': 'generation',
     'parse_queries': 'generation',
+    'QueryGenerator': 'generation',
+    'KeywordExpansion': 'generation',
+    'QAEncoder': 'qaencoder',
+    'content_words': 'cdp',
+    'content_word_count': 'cdp',
+    'diversity_advice': 'cdp',
+    'self_bleu': 'cdp',
     'baseline_systems': 'experiment',
     'run_experiment': 'experiment',
 }

@@ -1,0 +1,51 @@
+"""The Complexity-Diversity Principle (Feng et al., 2026): query complexity, measured in content words, decides
+whether diverse synthetic queries help a dense retriever."""
+import re
+from typing import Iterable, Sequence, Set
+
+import numpy as np
+
+#: Below this mean content-word count the paper advises against diverse queries.
+AVOID_DIVERSITY_BELOW = 7
+#: Above this mean content-word count the paper advises diverse queries.
+USE_DIVERSITY_ABOVE = 10
+
+_WORD = re.compile(r'\w+')
+
+
+def content_words(text: str) -> Set[str]:
+    """The unique lower-cased words of ``text`` that are not stopwords and are longer than one character.
+
+    Stopwords are scikit-learn's English list (it ships with the package; NLTK's list would need a download).
+    """
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+    return {w for w in _WORD.findall(text.lower()) if len(w) > 1 and w not in ENGLISH_STOP_WORDS}
+
+
+def content_word_count(texts: Iterable[str]) -> float:
+    """CW of a query set: the mean number of content words per query."""
+    counts = [len(content_words(t)) for t in texts]
+    if not counts:
+        raise ValueError('content_word_count needs at least one query')
+    return float(np.mean(counts))
+
+
+def diversity_advice(cw: float) -> str:
+    """The CDP rule: ``'avoid'`` diverse queries below CW 7, ``'use'`` them above CW 10, else ``'either'``."""
+    if cw < AVOID_DIVERSITY_BELOW:
+        return 'avoid'
+    if cw > USE_DIVERSITY_ABOVE:
+        return 'use'
+    return 'either'
+
+
+def self_bleu(queries: Sequence[str]) -> float:
+    """Self-BLEU of a query set (Zhu et al., 2018), in [0, 1]: the mean over queries of the sentence BLEU of
+    each against all the others as references (sacrebleu, 13a tokenisation, exponential smoothing, effective
+    n-gram order). Higher means less diverse; NaN for fewer than two queries."""
+    if len(queries) < 2:
+        return float('nan')
+    from sacrebleu.metrics import BLEU
+    bleu = BLEU(effective_order=True, smooth_method='exp')
+    scores = [bleu.sentence_score(q, [r for j, r in enumerate(queries) if j != i]).score for i, q in enumerate(queries)]
+    return float(np.mean(scores)) / 100

@@ -1,0 +1,112 @@
+"""PyTerrier transformers over a :class:`TextGenerator`: document-side query generation and query expansion."""
+import re
+from typing import List
+
+import pandas as pd
+import pyterrier as pt
+import pyterrier_alpha as pta
+
+from pyterrier_multiquery.generation.base import TextGenerator
+from pyterrier_multiquery.generation.parsing import parse_queries
+
+#: The AMER paper's keyword query-expansion instruction (Appendix A.7, as released with the authors' code);
+#: ``[Question]`` is replaced by the query.
+AMER_KEYWORD_PROMPT = (
+    'Write a list of keywords for the given question. The goal is to help retrieving relevant documents to the '
+    'question, which contains multiple answers, so generate keywords as diverse as possible. Do not generate similar '
+    'keywords; they should be distinct. Just answer with the list, and do not generate anything else. Keywords are '
+    'separated by commas.  \n\nQuestion:\n[Question]'
+)
+
+#: Query-generation prompts with ``{text}`` and ``{num_queries}`` placeholders. These are written for this
+#: project from the papers' descriptions (QAEncoder: questions covering who/what/when/where/why/how; CDP: M
+#: queries in one call, either as different as possible or rewordings of one information need); the papers'
+#: verbatim prompt texts were not available here.
+QUERY_PROMPTS = {
+    '5w1h': ('Read the passage and write {num_queries} questions that it answers, covering different aspects: who, '
+             'what, when, where, why and how. Write one question per line and nothing else.\n\nPassage:\n{text}'),
+    'diverse': ('Write {num_queries} search queries for which the passage below is a relevant result. Make the '
+                'queries as different from each other as possible: each should ask about a different part of the '
+                'passage, in different words. Write one query per line and nothing else.\n\nPassage:\n{text}'),
+    'paraphrase': ('Write one search query for which the passage below is a relevant result, then {num_queries} '
+                   'rewordings of that query in total, all asking for the same information in different words. '
+                   'Write one query per line and nothing else.\n\nPassage:\n{text}'),
+}
+
+
+class QueryGenerator(pt.Transformer):
+    """Writes ``querygen``, a list of queries generated for each document's ``text`` (in the manner of
+    pyterrier_doc2query), all ``num_queries`` of them asked for in one call."""
+    schematic = {'label': 'QueryGenerator'}
+
+    def __init__(self, generator: TextGenerator, prompt: str = '5w1h', *, num_queries: int = 5,
+                 text_field: str = 'text', max_text_chars: int = 4000):
+        """
+        Args:
+            generator: The text generator (wrap it in ``.cached(path)`` to generate each document once).
+            prompt: A key of :data:`QUERY_PROMPTS` or a template with ``{text}`` and ``{num_queries}``.
+            num_queries: Queries asked for (and kept at most) per document.
+            text_field: The document column read.
+            max_text_chars: Documents are cut to this many characters in the prompt.
+        """
+        template = QUERY_PROMPTS.get(prompt, prompt)
+        if '{text}' not in template:
+            raise ValueError(f'prompt must be one of {sorted(QUERY_PROMPTS)} or a template with {{text}}, got {prompt!r}')
+        if num_queries < 1:
+            raise ValueError(f'num_queries must be at least 1, got {num_queries}')
+        self.generator = generator
+        self.prompt = prompt
+        self.template = template
+        self.num_queries = num_queries
+        self.text_field = text_field
+        self.max_text_chars = max_text_chars
+
+    def __repr__(self):
+        return f'QueryGenerator({self.generator.model_id!r}, {self.prompt!r}, num_queries={self.num_queries})'
+
+    def prompts(self, texts: List[str]) -> List[str]:
+        """The prompts sent for these document texts."""
+        return [self.template.format(text=text[:self.max_text_chars], num_queries=self.num_queries) for text in texts]
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        pta.validate.columns(inp, includes=[self.text_field])
+        out = inp.copy()
+        answers = self.generator.generate(self.prompts(list(inp[self.text_field])))
+        out['querygen'] = pd.Series([parse_queries(a, limit=self.num_queries) for a in answers], index=inp.index,
+                                    dtype=object)
+        return out
+
+
+class KeywordExpansion(pt.Transformer):
+    """LLM keyword query expansion (the AMER paper's baseline): keywords generated for the query are appended
+    to it; the original query moves to ``query_0`` (:func:`pyterrier.model.push_queries`)."""
+    schematic = {'label': 'KeywordExpansion'}
+
+    def __init__(self, generator: TextGenerator, prompt: str = AMER_KEYWORD_PROMPT, *, max_keywords: int = 20):
+        """
+        Args:
+            generator: The text generator.
+            prompt: The instruction, with ``[Question]`` where the query goes.
+            max_keywords: Most keywords appended.
+        """
+        if '[Question]' not in prompt:
+            raise ValueError('the keyword prompt needs a [Question] placeholder')
+        self.generator = generator
+        self.prompt = prompt
+        self.max_keywords = max_keywords
+
+    def __repr__(self):
+        return f'KeywordExpansion({self.generator.model_id!r})'
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        pta.validate.query_frame(inp, extra_columns=['query'])
+        answers = self.generator.generate([self.prompt.replace('[Question]', q) for q in inp['query']])
+        out = pt.model.push_queries(inp)
+        out['query'] = [query if not kws else f'{query} {" ".join(kws)}'
+                        for query, kws in zip(inp['query'], map(self.keywords, answers))]
+        return out
+
+    def keywords(self, answer: str) -> List[str]:
+        """The distinct keywords of a generated answer (comma- or line-separated; list markers dropped)."""
+        items = [k for line in parse_queries(answer) for k in re.split(r'[,;]', line)]
+        return parse_queries('\n'.join(items), limit=self.max_keywords)
