@@ -18,6 +18,10 @@ from pyterrier_multiquery.generation import (CachedGenerator, GenerationError, H
     ('climate change effects\n\nsea level rise\n', ['climate change effects', 'sea level rise']),
     ('1. [broken json\n2. second', ['[broken json', 'second']),
     ('', []),
+    ('Question:\nQ: what is RNA editing?\nA: RNA editing changes RNA.\nQ: why edit RNA?\nAnswer: to regulate.',
+     ['what is RNA editing?', 'why edit RNA?']),
+    ('Keywords:\n- planet\n- element', ['planet', 'element']),
+    ('Apollo 11: the first landing\nArmstrong', ['Apollo 11: the first landing', 'Armstrong']),
 ])
 def test_parse_queries(text, expected):
     assert parse_queries(text) == expected
