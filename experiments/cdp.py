@@ -43,7 +43,7 @@ def main():
     ax.axvspan(USE_DIVERSITY_ABOVE, max(c.max() for c in counts.values()) + 1, color='tab:green', alpha=0.1,
                label='use diversity (CW > 10)')
     ax.set_xlabel('content words per query')
-    ax.legend(loc='lower right', fontsize=8)
+    ax.legend(loc='lower center', bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(RESULTS / 'cdp_content_words.png', dpi=120)
 
