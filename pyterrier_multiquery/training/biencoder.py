@@ -1,0 +1,72 @@
+"""Training a single-vector bi-encoder on synthetic (generated query, document) pairs, as CDP does."""
+import tempfile
+from pathlib import Path
+from typing import Optional, Union
+
+import pandas as pd
+import pyterrier_alpha as pta
+
+from pyterrier_multiquery._device import resolve_device
+from pyterrier_multiquery._files import building
+
+
+def synthetic_pairs(documents: pd.DataFrame, num_queries: Optional[int] = None) -> pd.DataFrame:
+    """One ``(query, text)`` training pair per generated query of each document.
+
+    Args:
+        documents: Frame with ``text`` and ``querygen`` (a list of queries per document).
+        num_queries: Use only each document's first this many queries (M); all when None.
+
+    Returns:
+        Frame with ``query``, ``text`` (and ``docno`` when the input has it).
+    """
+    pta.validate.columns(documents, includes=['text', 'querygen'])
+    columns = [c for c in ('docno', 'text') if c in documents.columns]
+    pairs = documents[columns].assign(query=[list(q)[:num_queries] for q in documents['querygen']]).explode('query')
+    return pairs.dropna(subset=['query'])[['query'] + columns].reset_index(drop=True)
+
+
+def train_bi_encoder(pairs: pd.DataFrame, model: Union[str, Path], output: Union[str, Path], *, epochs: int = 1,
+                     batch_size: int = 32, learning_rate: float = 2e-5, scale: float = 20.0, seed: int = 0,
+                     max_seq_length: Optional[int] = None) -> Path:
+    """Fine-tunes a sentence-transformers model with InfoNCE over in-batch negatives
+    (``MultipleNegativesRankingLoss`` at ``scale``, i.e. temperature 1/scale), and saves it to ``output``.
+
+    Batches never hold the same document twice (a document's other queries would be false negatives).
+
+    Args:
+        pairs: Frame with ``query`` and ``text`` (see :func:`synthetic_pairs`).
+        model: The starting checkpoint (a sentence-transformers or Hugging Face path).
+        output: Where the trained model is saved (written under a temporary name, renamed when complete).
+        epochs: Passes over the pairs.
+        batch_size: Pairs per batch (each pair's negatives are the batch's other documents).
+        learning_rate: AdamW learning rate.
+        scale: Inverse temperature of the cosine similarities.
+        seed: Seeds shuffling and initialisation.
+        max_seq_length: Token limit of the model's inputs (the checkpoint's own when None).
+
+    Returns:
+        The output path.
+    """
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.trainer import SentenceTransformerTrainer
+    from sentence_transformers.sentence_transformer.training_args import (BatchSamplers,
+                                                                          SentenceTransformerTrainingArguments)
+    pta.validate.columns(pairs, includes=['query', 'text'])
+    if len(pairs) < 2:
+        raise ValueError(f'training needs at least two pairs (in-batch negatives), got {len(pairs)}')
+    encoder = SentenceTransformer(str(model), device=resolve_device())
+    if max_seq_length:
+        encoder.max_seq_length = max_seq_length
+    with tempfile.TemporaryDirectory() as scratch, building(output) as tmp:
+        args = SentenceTransformerTrainingArguments(
+            output_dir=scratch, num_train_epochs=epochs, per_device_train_batch_size=batch_size,
+            learning_rate=learning_rate, seed=seed, batch_sampler=BatchSamplers.NO_DUPLICATES, save_strategy='no',
+            report_to='none', logging_steps=10)
+        dataset = Dataset.from_dict({'anchor': list(pairs['query']), 'positive': list(pairs['text'])})
+        SentenceTransformerTrainer(model=encoder, args=args, train_dataset=dataset,
+                                   loss=MultipleNegativesRankingLoss(encoder, scale=scale)).train()
+        encoder.save_pretrained(str(tmp))
+    return Path(output)
