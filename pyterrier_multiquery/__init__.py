@@ -35,6 +35,7 @@ _ATTRIBUTES = {
     'content_word_count': 'cdp',
     'diversity_advice': 'cdp',
     'self_bleu': 'cdp',
+    'paraphrase_ratio': 'cdp',
     'baseline_systems': 'experiment',
     'run_experiment': 'experiment',
 }

@@ -1,7 +1,8 @@
 """The Complexity-Diversity Principle (Feng et al., 2026): query complexity, measured in content words, decides
 whether diverse synthetic queries help a dense retriever."""
+import itertools
 import re
-from typing import Iterable, Sequence, Set
+from typing import Iterable, Optional, Sequence, Set
 
 import numpy as np
 
@@ -49,3 +50,29 @@ def self_bleu(queries: Sequence[str]) -> float:
     bleu = BLEU(effective_order=True, smooth_method='exp')
     scores = [bleu.sentence_score(q, [r for j, r in enumerate(queries) if j != i]).score for i, q in enumerate(queries)]
     return float(np.mean(scores)) / 100
+
+
+def paraphrase_ratio(queries: Sequence[str], *, cross_encoder=None, encoder=None, threshold: Optional[float] = None) -> float:
+    """The fraction of pairs of a document's generated queries that are paraphrases of each other (higher means
+    less diverse); NaN for fewer than two queries.
+
+    With ``cross_encoder`` (a sentence-transformers ``CrossEncoder`` trained for paraphrase detection), a pair is a
+    paraphrase when its score reaches ``threshold`` (default 0.5). Without one, ``encoder`` (a pyterrier_dr
+    bi-encoder) stands in: a pair is a paraphrase when the cosine similarity of its query vectors reaches
+    ``threshold`` (default 0.9). The embedding stand-in is cheaper but is not a paraphrase classifier: it also
+    counts close queries that ask different things.
+    """
+    if len(queries) < 2:
+        return float('nan')
+    pairs = list(itertools.combinations(range(len(queries)), 2))
+    if cross_encoder is not None:
+        scores = np.asarray(cross_encoder.predict([(queries[i], queries[j]) for i, j in pairs]), dtype=float)
+        threshold = 0.5 if threshold is None else threshold
+    elif encoder is not None:
+        vectors = np.asarray(encoder.encode_queries(list(queries)), dtype=float)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        scores = np.array([vectors[i] @ vectors[j] for i, j in pairs])
+        threshold = 0.9 if threshold is None else threshold
+    else:
+        raise ValueError('paraphrase_ratio needs a cross_encoder or an encoder')
+    return float(np.mean(scores >= threshold))

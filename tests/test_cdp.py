@@ -2,7 +2,9 @@ import math
 
 import pytest
 
-from pyterrier_multiquery.cdp import content_word_count, content_words, diversity_advice, self_bleu
+import numpy as np
+
+from pyterrier_multiquery.cdp import content_word_count, content_words, diversity_advice, paraphrase_ratio, self_bleu
 
 
 def test_content_words_on_hand_counted_queries():
@@ -31,3 +33,35 @@ def test_self_bleu_on_hand_cases():
     # one differing last word: precisions 3/4, 2/3, 1/2 and, smoothed, 1/2 for 4-grams; no brevity penalty
     assert self_bleu(['a b c d', 'a b c e']) == pytest.approx((3 / 4 * 2 / 3 * 1 / 2 * 1 / 2) ** 0.25)
     assert math.isnan(self_bleu(['only one']))
+
+
+class Vectors:
+    """A stand-in bi-encoder with fixed query vectors."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def encode_queries(self, texts):
+        return np.array([self.table[t] for t in texts], dtype=np.float32)
+
+
+class Judge:
+    """A stand-in cross-encoder: scores 1 for pairs it was told are paraphrases."""
+
+    def __init__(self, paraphrases):
+        self.paraphrases = {frozenset(p) for p in paraphrases}
+
+    def predict(self, pairs):
+        return [1.0 if frozenset(p) in self.paraphrases else 0.0 for p in pairs]
+
+
+def test_paraphrase_ratio_counts_pairs():
+    queries = ['a', 'b', 'c']
+    # a and b point the same way (cosine 0.995), c is orthogonal: 1 of 3 pairs
+    encoder = Vectors({'a': [1, 0], 'b': [1, 0.1], 'c': [0, 1]})
+    assert paraphrase_ratio(queries, encoder=encoder) == pytest.approx(1 / 3)
+    assert paraphrase_ratio(queries, encoder=encoder, threshold=0.999) == 0.0
+    assert paraphrase_ratio(queries, cross_encoder=Judge([('a', 'c'), ('b', 'c')])) == pytest.approx(2 / 3)
+    assert math.isnan(paraphrase_ratio(['a'], encoder=encoder))
+    with pytest.raises(ValueError, match='cross_encoder or an encoder'):
+        paraphrase_ratio(queries)
