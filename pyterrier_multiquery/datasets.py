@@ -8,7 +8,7 @@ the loader from what a path holds, or hands ``irds:`` identifiers to :func:`pyte
 import json
 import re
 from pathlib import Path
-from typing import Dict, Iterator, Optional, Union
+from typing import Dict, Iterator, Optional, Sequence, Union
 
 import pandas as pd
 import pyterrier as pt
@@ -59,6 +59,17 @@ class LocalDataset(pt.datasets.Dataset):
             it = pt.tqdm(it, desc=f'{self.name} corpus', unit='d', total=self.corpus_size())
         return it
 
+    def text_loader(self, fields: Union[str, Sequence[str]] = '*', *, verbose: bool = False) -> pt.Transformer:
+        """A transformer that adds the corpus fields of each row's ``docno``, so ``pt.text.get_text(dataset)`` works.
+
+        The corpus is read into memory on first use.
+
+        Args:
+            fields: A field name, a list of them, or ``'*'`` for every field of the corpus but ``docno``.
+            verbose: Whether to show progress while reading the corpus.
+        """
+        return CorpusTextLoader(self, fields, verbose=verbose)
+
     def get_corpus_lang(self) -> str:
         return 'en'
 
@@ -67,6 +78,39 @@ class LocalDataset(pt.datasets.Dataset):
 
     def __repr__(self):
         return f'{type(self).__name__}({str(self.path)!r})'
+
+
+class CorpusTextLoader(pt.Transformer):
+    """Adds documents' corpus fields (``text``, ...) to a frame with ``docno``: a local dataset's ``text_loader``."""
+
+    def __init__(self, dataset: LocalDataset, fields: Union[str, Sequence[str]] = '*', *, verbose: bool = False):
+        self.dataset = dataset
+        self.fields = fields
+        self.verbose = verbose
+        self._corpus = None
+
+    def corpus(self) -> pd.DataFrame:
+        """The corpus as a frame indexed by ``docno`` (read once)."""
+        if self._corpus is None:
+            self._corpus = pd.DataFrame(self.dataset.get_corpus_iter(verbose=self.verbose)).set_index('docno')
+        return self._corpus
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        """``inp`` with the fields of each ``docno`` joined on."""
+        pt.validate.columns(inp, includes=['docno'])
+        corpus = self.corpus()
+        fields = list(corpus.columns) if self.fields == '*' else [self.fields] if isinstance(self.fields, str) \
+            else list(self.fields)
+        unknown = [f for f in fields if f not in corpus.columns]
+        if unknown:
+            raise ValueError(f'{self.dataset!r} has no corpus field(s) {unknown}; it has {list(corpus.columns)}')
+        missing = ~inp['docno'].isin(corpus.index)
+        if missing.any():
+            raise KeyError(f'docno(s) not in {self.dataset!r}: {inp.loc[missing, "docno"].unique()[:5].tolist()}')
+        return inp.drop(columns=[f for f in fields if f in inp.columns]).join(corpus[fields], on='docno')
+
+    def __repr__(self):
+        return f'CorpusTextLoader({self.dataset!r}, {self.fields!r})'
 
 
 class BeirDataset(LocalDataset):

@@ -120,3 +120,20 @@ def test_topics_and_qrels_frames_have_pyterrier_columns(data_dir):
     assert list(ds.get_topics().columns) == ['qid', 'query']
     assert list(ds.get_qrels().columns) == ['qid', 'docno', 'label', 'iteration']
     assert pd.api.types.is_integer_dtype(ds.get_qrels()['label'])
+
+
+def test_text_loader_joins_corpus_fields_by_docno(tmp_path):
+    import pyterrier as pt
+    folder = tmp_path / 'beir'
+    (folder / 'qrels').mkdir(parents=True)
+    (folder / 'corpus.jsonl').write_text('{"_id": "d1", "title": "T", "text": "one"}\n{"_id": "d2", "title": "", "text": "two"}\n')
+    (folder / 'queries.jsonl').write_text('{"_id": "q1", "text": "q"}\n')
+    (folder / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\nq1\td1\t1\n')
+    ds = load_dataset(folder)
+    docs = {d['docno']: d['text'] for d in corpus(ds)}
+    out = pt.text.get_text(ds, 'text')(pd.DataFrame({'qid': ['q1', 'q1'], 'docno': ['d2', 'd1'], 'text': ['old', 'old']}))
+    assert out['text'].tolist() == [docs['d2'], docs['d1']]
+    with pytest.raises(KeyError, match='d9'):
+        ds.text_loader()(pd.DataFrame({'qid': ['q1'], 'docno': ['d9']}))
+    with pytest.raises(ValueError, match='no corpus field'):
+        ds.text_loader('abstract')(pd.DataFrame({'qid': ['q1'], 'docno': ['d1']}))
