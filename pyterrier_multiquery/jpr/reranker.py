@@ -1,0 +1,127 @@
+"""JPR and IndepPR as PyTerrier rerankers."""
+import zlib
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+
+from pyterrier_multiquery.jpr.decoding import Decoded, independent_decode, seq_decode, tree_decode
+
+DECODERS = ('tree', 'seq', 'independent')
+
+
+def index_order(qid: str, count: int, seed: int = 0) -> np.ndarray:
+    """The random order in which a query's ``count`` candidates get their index numbers (fixed by qid and seed)."""
+    return np.random.default_rng([seed, zlib.crc32(str(qid).encode())]).permutation(count)
+
+
+class JPR(pt.Transformer):
+    """Joint passage reranking: picks ``k`` of each query's top ``num_candidates`` passages one after another.
+
+    Input: a result frame with ``query`` and ``text``. Output: the chosen passages in selection order, scores
+    ``-rank`` (so they keep that order), and ``decode_depth``, the depth of the search (the tree's longest
+    sequence for TreeDecode, ``k`` for SeqDecode, 1 for the independent top-k). Candidates get their index
+    numbers in a random order seeded by the qid, as in training.
+    """
+    schematic = {'label': 'JPR'}
+
+    def __init__(self, model: Union[str, Path, 'JPRModel'], *, k: int = 10, num_candidates: int = 20,  # noqa: F821
+                 decode: str = 'tree', beta: float = 1.0, seed: int = 0, device: Optional[str] = None,
+                 verbose: bool = False):
+        """
+        Args:
+            model: A trained :class:`~pyterrier_multiquery.jpr.model.JPRModel` or the folder it was saved to.
+            k: Passages chosen per query.
+            num_candidates: Top input passages per query the model chooses from (|B|).
+            decode: ``'tree'`` (TreeDecode), ``'seq'`` (SeqDecode) or ``'independent'`` (top k of the first step).
+            beta: TreeDecode's length-penalty exponent.
+            seed: Seed of the index-number order.
+            device: Torch device (default: CUDA when available).
+            verbose: Whether to show a progress bar over queries.
+        """
+        if decode not in DECODERS:
+            raise ValueError(f'unknown decode {decode!r}; expected one of {DECODERS}')
+        if k < 1 or num_candidates < 1:
+            raise ValueError(f'k and num_candidates must be positive, got {k} and {num_candidates}')
+        if isinstance(model, (str, Path)):
+            from pyterrier_multiquery.jpr.model import JPRModel
+            model = JPRModel.from_pretrained(model)
+        from pyterrier_multiquery._device import resolve_device
+        self.model = model.to(resolve_device(device)).eval()
+        self.k = k
+        self.num_candidates = num_candidates
+        self.decode = decode
+        self.beta = beta
+        self.seed = seed
+        self.device = device
+        self.verbose = verbose
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        """Reranks each query's top ``num_candidates`` passages into the ``k`` chosen ones."""
+        pt.validate.result_frame(inp, extra_columns=['query', 'text'])
+        inp = inp.sort_values(['qid', 'score'], ascending=[True, False], kind='stable')
+        inp = inp.groupby('qid', sort=False).head(self.num_candidates)
+        groups = inp.groupby('qid', sort=False)
+        if self.verbose:
+            groups = pt.tqdm(groups, desc=repr(self), unit='q')
+        out = []
+        for qid, frame in groups:
+            order = index_order(qid, len(frame), self.seed)
+            decoded = self.rank(frame['query'].iloc[0], frame['text'].iloc[order].tolist())
+            out.append(frame.iloc[order[decoded.passages]].assign(decode_depth=decoded.depth))
+        out = pd.concat(out, ignore_index=True) if out else inp.iloc[:0].assign(decode_depth=pd.Series(dtype=int))
+        out = out.assign(rank=out.groupby('qid').cumcount())
+        return out.assign(score=-out['rank'].astype(float))
+
+    def rank(self, question: str, passages: Sequence[str]) -> Decoded:
+        """The decoded selection for one question over ``passages`` (positions in index order)."""
+        import torch
+        with torch.no_grad():
+            memory = self.model.passages(question, list(passages)).unsqueeze(0)
+
+            def log_probs(prefix):
+                prefix = torch.tensor(list(prefix), dtype=torch.long, device=memory.device).view(1, len(prefix))
+                return self.model(memory, prefix)[0, -1].float().cpu().numpy()
+
+            if self.decode == 'tree':
+                return tree_decode(log_probs, self.k, self.beta)
+            if self.decode == 'seq':
+                return seq_decode(log_probs, self.k)
+            return independent_decode(log_probs, self.k)
+
+    def fuse_rank_cutoff(self, k: int) -> 'JPR':
+        """``self % k``: the first ``k`` selections are the same whatever ``k`` the decoder runs to."""
+        if k >= self.k:
+            return self
+        return self.__class__(**{**self._arguments(), 'k': k})
+
+    def _arguments(self):
+        arguments = {'model': self.model, 'k': self.k, 'num_candidates': self.num_candidates, 'beta': self.beta,
+                     'seed': self.seed, 'device': self.device, 'verbose': self.verbose}
+        return arguments if isinstance(self, IndepPR) else {**arguments, 'decode': self.decode}
+
+    def _key(self):
+        return (id(self.model), self.k, self.num_candidates, self.decode, self.beta, self.seed)
+
+    def __eq__(self, other):
+        return type(other) is type(self) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash((type(self), self._key()))
+
+    def __repr__(self):
+        return (f'{type(self).__name__}(k={self.k!r}, num_candidates={self.num_candidates!r}, '
+                f'decode={self.decode!r}, beta={self.beta!r})')
+
+
+class IndepPR(JPR):
+    """The IndepPR baseline: the top ``k`` of a single decoding step, scored independently of each other."""
+    schematic = {'label': 'IndepPR'}
+
+    def __init__(self, model, *, k: int = 10, num_candidates: int = 20, beta: float = 1.0, seed: int = 0,
+                 device: Optional[str] = None, verbose: bool = False):
+        """Args as :class:`JPR`, decoding fixed to ``'independent'``."""
+        super().__init__(model, k=k, num_candidates=num_candidates, decode='independent', beta=beta, seed=seed,
+                         device=device, verbose=verbose)
