@@ -50,17 +50,47 @@ def baseline_systems(dataset, cache_dir: os.PathLike, *, num_results: int = 1000
     Returns:
         Systems by name, in table order.
     """
-    cache_dir = Path(cache_dir)
     corpus = lambda: dataset.get_corpus_iter(verbose=verbose)  # noqa: E731
-    bm25 = pisa_bm25(cache_dir / 'pisa', corpus, num_results=num_results)
-    encoder = minilm(batch_size=batch_size, verbose=verbose)
-    index = flex_index(cache_dir / 'minilm.flex', encoder, corpus)
-    dense = encoder.query_encoder() >> index.retriever(num_results=num_results)
+    bm25 = pisa_bm25(Path(cache_dir) / 'pisa', corpus, num_results=num_results)
+    index, dense = minilm_dense(dataset, cache_dir, num_results=num_results, batch_size=batch_size, verbose=verbose)
     return {
         'BM25': bm25,
         'MiniLM': dense,
         f'MiniLM >> MMR(λ={mmr_lambda})': dense % mmr_depth >> index.vec_loader() >> MMR(mmr_lambda, depth=mmr_depth, verbose=verbose),
     }
+
+
+def minilm_dense(dataset, cache_dir: os.PathLike, *, num_results: int = 1000, batch_size: int = 64,
+                 verbose: bool = True):
+    """all-MiniLM-L6-v2 over ``dataset``'s corpus: its FlexIndex (built under ``cache_dir`` once) and retriever.
+
+    Returns:
+        ``(index, retriever)``: the FlexIndex and ``query encoder >> index retriever``.
+    """
+    encoder = minilm(batch_size=batch_size, verbose=verbose)
+    index = flex_index(Path(cache_dir) / 'minilm.flex', encoder, lambda: dataset.get_corpus_iter(verbose=verbose))
+    return index, encoder.query_encoder() >> index.retriever(num_results=num_results)
+
+
+def jpr_system(model_path: os.PathLike, dataset, cache_dir: os.PathLike, *, num_candidates: int = 20, k: int = 10,
+               decode: str = 'tree', beta: float = 1.0, batch_size: int = 64, verbose: bool = True) -> pt.Transformer:
+    """MiniLM's top ``num_candidates`` with their text, reranked by a trained JPR model into ``k`` passages.
+
+    Args:
+        model_path: A folder written by ``JPRModel.save_pretrained``.
+        dataset: A PyTerrier dataset with a corpus and a ``text_loader``.
+        cache_dir: Folder of the MiniLM index (shared with :func:`baseline_systems`).
+        num_candidates: |B|, the first-stage passages JPR chooses from.
+        k: Passages JPR chooses.
+        decode: ``'tree'``, ``'seq'`` or ``'independent'``.
+        beta: TreeDecode's length-penalty exponent.
+        batch_size: MiniLM's batch size.
+        verbose: Whether to show progress bars.
+    """
+    from pyterrier_multiquery.jpr import JPR
+    _, dense = minilm_dense(dataset, cache_dir, num_results=num_candidates, batch_size=batch_size, verbose=verbose)
+    return dense >> pt.text.get_text(dataset, 'text') >> JPR(model_path, k=k, num_candidates=num_candidates,
+                                                              decode=decode, beta=beta, verbose=verbose)
 
 
 def validate_topics_qrels(topics: pd.DataFrame, qrels: pd.DataFrame) -> None:

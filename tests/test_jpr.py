@@ -1,0 +1,328 @@
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pyterrier_multiquery.jpr.decoding import independent_decode, length_penalty, seq_decode, tree_decode
+from pyterrier_multiquery.jpr.oracle import greedy_answer_cover, gumbel_top_k
+
+WORDS = ['who', 'won', 'the', 'cup', 'brazil', 'france', 'italy', 'spain', 'in', 'year', 'question', 'index',
+         'passage', ':', '0', '1', '2', '3', '4', '5', '6', '7']
+
+
+# --- Algorithm 2: greedy answer cover -------------------------------------------------------------------------
+
+def test_greedy_cover_takes_the_largest_gain_first_and_stops_when_all_answers_are_covered():
+    answers = [{'a'}, {'a', 'b'}, {'c'}, set(), {'b', 'c'}]
+    # {a,b} adds 2; then {c} and {b,c} each add 1 (c): the earlier one wins; then nothing is left to cover
+    assert greedy_answer_cover(answers, 3) == [1, 2]
+    assert greedy_answer_cover(answers, 1) == [1]
+    assert greedy_answer_cover(answers, 0) == []
+
+
+def test_greedy_cover_of_negatives_only_is_empty_and_rejects_negative_k():
+    assert greedy_answer_cover([set(), set()], 5) == []
+    with pytest.raises(ValueError, match='k must not be negative'):
+        greedy_answer_cover([{'a'}], -1)
+
+
+def test_greedy_cover_prefers_the_passage_with_more_new_answers_over_an_earlier_one():
+    assert greedy_answer_cover([{'a'}, {'b'}, {'a', 'c'}, {'d'}], 10) == [2, 1, 3]
+
+
+def test_gumbel_top_k_at_low_temperature_is_the_top_k_and_skips_excluded():
+    rng = np.random.default_rng(0)
+    logits = np.array([0., 3., 1., 2., -1.])
+    assert gumbel_top_k(logits, 3, 1e-4, rng) == [1, 3, 2]
+    assert gumbel_top_k(logits, 3, 1e-4, rng, exclude=[1, 2]) == [3, 0, 4]
+    assert gumbel_top_k(logits, 10, 1e-4, rng, exclude=[0]) == [1, 3, 2, 4]
+
+
+def test_gumbel_top_k_at_high_temperature_samples_every_candidate_first_sometimes():
+    rng = np.random.default_rng(0)
+    firsts = {gumbel_top_k(np.array([0., 5., 1.]), 1, 100., rng)[0] for _ in range(200)}
+    assert firsts == {0, 1, 2}
+    with pytest.raises(ValueError, match='gamma'):
+        gumbel_top_k(np.zeros(3), 1, 0., rng)
+
+
+# --- decoding ----------------------------------------------------------------------------------------------------
+
+def table(probs):
+    """log P(next | prefix) from a dict of probabilities; chosen passages at -inf."""
+    def log_probs(prefix):
+        with np.errstate(divide='ignore'):
+            values = np.log(np.asarray(probs[tuple(prefix)], dtype=float))
+        values[list(prefix)] = -np.inf
+        return values
+    return log_probs
+
+
+HAND_TABLE = {(): [.5, .3, .2], (0,): [0, .1, .9], (1,): [.6, 0, .4], (2,): [.5, .5, 0],
+              (0, 1): [0, 0, 1], (0, 2): [0, 1, 0], (1, 0): [0, 0, 1], (1, 2): [1, 0, 0], (2, 0): [0, 1, 0],
+              (2, 1): [1, 0, 0]}
+
+
+def test_length_penalty_values():
+    assert length_penalty(1, 3.) == 1.
+    assert length_penalty(7, 2.) == pytest.approx(4.)
+    assert length_penalty(4, 0.) == 1.
+
+
+def test_tree_decode_on_a_hand_worked_table():
+    # beta = 0: (0) at log .5; then (0,2) at log .9 beats (1) at log .3; then (0,2,1) at log 1
+    assert tree_decode(table(HAND_TABLE), 3, 0.) == ([0, 2, 1], 3)
+    # beta = 20: l(2) = (7/6)^20 = 21.8 makes (0,2) cost 2.30 > (1)'s 1.20 and (2)'s 1.61: breadth first
+    assert tree_decode(table(HAND_TABLE), 3, 20.) == ([0, 1, 2], 1)
+    assert seq_decode(table(HAND_TABLE), 3) == ([0, 2, 1], 3)
+    assert independent_decode(table(HAND_TABLE), 2) == ([0, 1], 1)
+
+
+def brute_force_tree(log_probs, n, k, beta):
+    """The same objective searched by enumerating every sequence whose parent is in the tree."""
+    tree, output = {()}, []
+    while len(output) < k:
+        options = []
+        for length in range(1, n + 1):
+            for sequence in itertools.permutations(range(n), length):
+                if sequence[:-1] in tree and sequence not in tree:
+                    value = length_penalty(length, beta) * log_probs(sequence[:-1])[sequence[-1]]
+                    if np.isfinite(value):
+                        options.append((-value, length, sequence))
+        if not options:
+            break
+        _, _, best = min(options, key=lambda o: o[0])
+        tree.add(best)
+        if best[-1] not in output:
+            output.append(best[-1])
+    return output, max(len(s) for s in tree)
+
+
+@pytest.mark.parametrize('seed', range(6))
+@pytest.mark.parametrize('beta', [0., 0.7, 3.])
+def test_tree_decode_matches_brute_force_on_random_tables(seed, beta):
+    n, k = 5, 4
+    rng = np.random.default_rng(seed)
+    probs = {prefix: rng.dirichlet(np.ones(n) * .5)
+             for length in range(n) for prefix in itertools.permutations(range(n), length)}
+    assert tree_decode(table(probs), k, beta) == brute_force_tree(table(probs), n, k, beta)
+
+
+def answer_oracle(answers):
+    """P(p | prefix) strongly preferring passages that add answers the prefix lacks."""
+    def log_probs(prefix):
+        covered = set().union(*(answers[p] for p in prefix)) if prefix else set()
+        gains = np.array([len(a - covered) for a in answers], dtype=float)
+        logits = 6. * gains - 0.01 * np.arange(len(answers))
+        logits[list(prefix)] = -np.inf
+        return logits - np.logaddexp.reduce(logits[np.isfinite(logits)])
+    return log_probs
+
+
+def test_tree_decode_limits():
+    answers = [{'a'}, {'a'}, {'b'}, {'a'}, {'c'}, set()]
+    oracle = answer_oracle(answers)
+    assert tree_decode(oracle, 4, 0.).passages == seq_decode(oracle, 4).passages == [0, 2, 4, 1]
+    assert tree_decode(oracle, 4, 200.) == independent_decode(oracle, 4)
+    assert independent_decode(oracle, 4).passages == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize('decode', [lambda f, k: tree_decode(f, k, 1.), seq_decode, independent_decode])
+def test_decoders_never_repeat_and_stop_when_candidates_run_out(decode):
+    rng = np.random.default_rng(3)
+    probs = {prefix: rng.dirichlet(np.ones(4)) for length in range(4) for prefix in itertools.permutations(range(4), length)}
+    passages = decode(table(probs), 10).passages
+    assert sorted(passages) == [0, 1, 2, 3]
+
+
+# --- model, training, reranker on a tiny random BERT ----------------------------------------------------------
+
+@pytest.fixture(scope='module')
+def tiny_bert(tmp_path_factory):
+    """A randomly initialised 2-layer BERT with a word-level tokenizer, saved as a checkpoint."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+    path = tmp_path_factory.mktemp('tiny') / 'bert'
+    vocab = {w: i for i, w in enumerate(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + WORDS)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token='[UNK]'))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=64)).save_pretrained(path)
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token='[PAD]', unk_token='[UNK]', cls_token='[CLS]',
+                            sep_token='[SEP]', mask_token='[MASK]').save_pretrained(path)
+    return path
+
+
+def new_model(tiny_bert, seed=0):
+    import torch
+    from pyterrier_multiquery.jpr import JPRModel
+    torch.manual_seed(seed)
+    return JPRModel(str(tiny_bert), decoder_layers=1, decoder_heads=2, decoder_dropout=0.)
+
+
+
+def examples():
+    from pyterrier_multiquery.jpr import JPRExample
+    passages = ['brazil won the cup', 'france won the cup', 'italy won the cup', 'spain in year', 'the year',
+                'brazil won in year']
+    answers = [{'brazil'}, {'france'}, {'italy'}, set(), set(), {'brazil'}]
+    return [JPRExample('who won the cup', passages, answers),
+            JPRExample('who won in year', passages[::-1], answers[::-1])]
+
+
+def test_forward_masks_the_chosen_passages_and_padding(tiny_bert):
+    import torch
+    model = new_model(tiny_bert).eval()
+    memory = model.passages('who won', ['brazil', 'france', 'italy']).unsqueeze(0)
+    prefix = torch.tensor([[2, 0]])
+    log_probs = model(memory, prefix, torch.tensor([[False, False, True]]))
+    assert log_probs.shape == (1, 3, 3)
+    assert torch.isinf(log_probs[0, :, 2]).all()          # padding
+    assert torch.isinf(log_probs[0, 2, 0]) and torch.isfinite(log_probs[0, 1, 0])  # 0 masked after it is chosen
+    assert torch.allclose(log_probs[0, 0].exp().sum(), torch.tensor(1.))
+    assert torch.allclose(log_probs[0, 2, 1], torch.tensor(0.))   # the only one left
+
+
+@pytest.mark.parametrize('mode', ['dynamic_oracle', 'teacher_forcing', 'independent'])
+def test_one_training_step_lowers_the_loss(tiny_bert, mode):
+    import torch
+    from pyterrier_multiquery.jpr import JPRTrainer
+    model = new_model(tiny_bert)
+    trainer = JPRTrainer(model, mode=mode, k=3, train_candidates=6, learning_rate=3e-3, verbose=False)
+
+    def loss():
+        trainer.rng = np.random.default_rng(7)   # the same subsets, orders and negatives
+        model.eval()
+        with torch.no_grad():
+            return float(trainer.loss(examples()))
+
+    before = loss()
+    trainer.rng = np.random.default_rng(7)
+    trainer.step(examples())
+    assert loss() < before
+
+
+def test_dynamic_oracle_targets_are_the_positives_not_yet_chosen(tiny_bert):
+    from pyterrier_multiquery.jpr import JPRTrainer
+    model = new_model(tiny_bert)
+    trainer = JPRTrainer(model, k=4, verbose=False)
+    answers = [set(), {'a'}, set(), {'b'}, set(), {'a'}]
+    memory, mask = trainer.memory(examples()[:1], [list(range(6))])
+    prefix, targets = trainer.targets(answers, memory, mask)
+    assert len(prefix) == 4 and len(set(prefix)) == 4 and {1, 3} <= set(prefix)   # cover + 2 negatives
+    for step, target in enumerate(targets):
+        assert target == [p for p in [1, 3] if p not in prefix[:step]]
+    trainer.mode = 'teacher_forcing'
+    assert trainer.targets(answers, memory, mask) == ([1, 3], [[1], [3]])
+    trainer.mode = 'independent'
+    assert trainer.targets(answers, memory, mask) == ([], [[1, 3, 5]])
+
+
+def test_trainer_rejects_bad_settings(tiny_bert):
+    from pyterrier_multiquery.jpr import JPRExample, JPRTrainer
+    model = new_model(tiny_bert)
+    with pytest.raises(ValueError, match='unknown JPR training mode'):
+        JPRTrainer(model, mode='beam')
+    with pytest.raises(ValueError, match='no training question'):
+        JPRTrainer(model, verbose=False).fit([JPRExample('q', ['a', 'b'], [set(), set()])])
+
+
+def test_save_and_load_round_trip(tiny_bert, tmp_path):
+    import torch
+    from pyterrier_multiquery.jpr import JPRModel, JPRTrainer
+    model = new_model(tiny_bert)
+    JPRTrainer(model, k=3, epochs=2, verbose=False).fit(examples())
+    model.save_pretrained(tmp_path / 'jpr')
+    assert not any(p.name.startswith('.') for p in tmp_path.iterdir())   # no temporary folder left
+    loaded = JPRModel.from_pretrained(tmp_path / 'jpr').eval()
+    memory = model.eval().passages('who won', ['brazil', 'france', 'italy']).unsqueeze(0)
+    prefix = torch.tensor([[1]])
+    assert torch.allclose(model(memory, prefix), loaded(memory, prefix), atol=1e-6)
+    (tmp_path / 'jpr' / 'decoder.pt').write_bytes(b'not weights')
+    with pytest.raises(Exception):
+        JPRModel.from_pretrained(tmp_path / 'jpr')
+
+
+def results(n=6):
+    passages = examples()[0].passages
+    return pd.DataFrame({'qid': ['q1'] * n + ['q2'] * 2, 'query': ['who won the cup'] * n + ['who won'] * 2,
+                         'docno': [f'd{i}' for i in range(n)] + ['e0', 'e1'], 'text': list(passages[:n]) + ['italy', 'spain'],
+                         'score': list(np.arange(n, 0, -1.)) + [2., 1.], 'rank': list(range(n)) + [0, 1]})
+
+
+def test_reranker_outputs_k_distinct_passages_in_selection_order(tiny_bert):
+    from pyterrier_multiquery.jpr import JPR, IndepPR
+    model = new_model(tiny_bert)
+    for reranker in [JPR(model, k=4, num_candidates=5), JPR(model, k=4, decode='seq'), IndepPR(model, k=4)]:
+        out = reranker(results())
+        q1 = out[out['qid'] == 'q1']
+        assert len(q1) == 4 and q1['docno'].is_unique and set(q1['docno']) <= {f'd{i}' for i in range(6)}
+        assert list(q1['rank']) == [0, 1, 2, 3] and q1['score'].is_monotonic_decreasing
+        assert sorted(out[out['qid'] == 'q2']['docno']) == ['e0', 'e1']
+        assert reranker(results()).equals(out)     # deterministic
+    assert 'd5' not in set(JPR(model, k=5, num_candidates=5)(results())['docno'])   # only the top 5 are candidates
+
+
+def test_indeppr_is_the_top_k_of_the_first_step(tiny_bert):
+    import torch
+    from pyterrier_multiquery.jpr import IndepPR
+    from pyterrier_multiquery.jpr.reranker import index_order
+    model = new_model(tiny_bert).eval()
+    reranker = IndepPR(model, k=3)
+    frame = results()
+    q1 = frame[frame['qid'] == 'q1']
+    order = index_order('q1', 6)
+    with torch.no_grad():
+        first = model(model.passages('who won the cup', q1['text'].iloc[order].tolist()).unsqueeze(0),
+                      torch.zeros(1, 0, dtype=torch.long))[0, 0].numpy()
+    expected = q1['docno'].iloc[order[np.argsort(-first)[:3]]].tolist()
+    assert reranker(frame).query('qid == "q1"')['docno'].tolist() == expected
+
+
+def test_rank_cutoff_fuses_into_a_smaller_k(tiny_bert):
+    from pyterrier_multiquery.jpr import JPR
+    model = new_model(tiny_bert)
+    reranker = JPR(model, k=5, beta=0.5)
+    assert reranker.fuse_rank_cutoff(10) is reranker
+    small = reranker.fuse_rank_cutoff(2)
+    assert small == JPR(model, k=2, beta=0.5) and small != reranker
+    full, cut = reranker(results()), small(results())
+    assert cut['docno'].tolist() == full.groupby('qid').head(2)['docno'].tolist()
+
+
+def test_reranker_errors_and_empty_input(tiny_bert):
+    from pyterrier_multiquery.jpr import JPR
+    model = new_model(tiny_bert)
+    with pytest.raises(ValueError, match='unknown decode'):
+        JPR(model, decode='beam')
+    with pytest.raises(Exception, match='text'):
+        JPR(model)(results().drop(columns='text'))
+    empty = JPR(model)(results().iloc[:0])
+    assert empty.empty and {'qid', 'docno', 'score', 'rank'} <= set(empty.columns)
+
+
+def test_main_job_runs_jpr_from_a_saved_model(tiny_bert, tmp_path):
+    from pyterrier_multiquery.__main__ import main
+    from pyterrier_multiquery.datasets import load_dataset
+    from pyterrier_multiquery.experiment import jpr_system, minilm_dense
+    folder = tmp_path / 'beir'
+    (folder / 'qrels').mkdir(parents=True)
+    texts = ['brazil won the cup', 'france won the cup', 'italy won the cup', 'spain in year', 'the year']
+    (folder / 'corpus.jsonl').write_text(''.join(f'{{"_id": "d{i}", "title": "", "text": "{t}"}}\n' for i, t in enumerate(texts)))
+    (folder / 'queries.jsonl').write_text('{"_id": "q1", "text": "who won the cup"}\n{"_id": "q2", "text": "which year"}\n')
+    (folder / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\nq1\td0\t1\nq1\td1\t1\nq2\td3\t1\n')
+    new_model(tiny_bert).save_pretrained(tmp_path / 'jpr')
+    dataset = load_dataset(folder)
+    system = jpr_system(tmp_path / 'jpr', dataset, tmp_path / 'cache', num_candidates=4, k=2, verbose=False)
+    out = system(dataset.get_topics())
+    _, dense = minilm_dense(dataset, tmp_path / 'cache', num_results=4, verbose=False)
+    top4 = dense(dataset.get_topics()).groupby('qid')['docno'].agg(set)
+    assert out.groupby('qid').size().tolist() == [2, 2]
+    assert all(set(frame['docno']) <= top4[qid] for qid, frame in out.groupby('qid'))
+    table = tmp_path / 'table.csv'
+    assert main(['--dataset', str(folder), '--cache-dir', str(tmp_path / 'cache'), '--jpr', str(tmp_path / 'jpr'),
+                 '--save', str(table)]) == 0
+    assert 'MiniLM >> JPR' in pd.read_csv(table)['name'].tolist()
