@@ -1,0 +1,125 @@
+"""Training AMER (and its Single-Query baseline) with InfoNCE matched to the unordered gold set."""
+from typing import List, Sequence, Union
+
+import numpy as np
+import pyterrier as pt
+import torch
+
+from pyterrier_multiquery.amer.model import AMER
+from pyterrier_multiquery.training.losses import matched_infonce
+
+
+class AMERTrainer:
+    """Trains :class:`AMER` on queries (texts or vectors) with sets of target document vectors.
+
+    Each batch's candidates are all its examples' targets plus ``negatives`` rows drawn from the corpus; every
+    example's N predictions are matched to its gold targets by the Hungarian method
+    (:func:`~pyterrier_multiquery.training.losses.matched_infonce`, cosine / ``temperature``). Inputs after the
+    first come from the (normalised) gold targets in a shuffled order (teacher forcing), except that with probability
+    ``p = min(0.8, scheduled_sampling * step / total_steps)`` the model's own previous vector is fed (scheduled
+    sampling). ``single_query=True`` is the Single-Query baseline: N = 1 and one gold target, drawn at random
+    for each example and epoch, as the positive.
+    """
+
+    def __init__(self, model: AMER, *, single_query: bool = False, temperature: float = 0.05,
+                 learning_rate: float = 1e-4, epochs: int = 1, batch_size: int = 16, negatives: int = 64,
+                 scheduled_sampling: float = 1.0, seed: int = 0, verbose: bool = True):
+        """
+        Args:
+            model: The model to train (its ``num_vectors`` is N; 1 is used for ``single_query``).
+            single_query: Train the Single-Query baseline.
+            temperature: InfoNCE temperature.
+            learning_rate: AdamW learning rate.
+            epochs: Passes over the examples.
+            batch_size: Examples per step.
+            negatives: Corpus rows drawn as extra negatives per batch.
+            scheduled_sampling: Multiplier of the own-vector probability's schedule (0 keeps teacher forcing).
+            seed: Seed of the shuffles and draws.
+            verbose: Whether to show progress.
+        """
+        self.model = model
+        self.single_query = single_query
+        self.temperature = temperature
+        self.learning_rate = learning_rate
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.negatives = negatives
+        self.scheduled_sampling = scheduled_sampling
+        self.seed = seed
+        self.verbose = verbose
+        self.rng = np.random.default_rng(seed)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=learning_rate)
+
+    def own_probability(self, step: int, total: int) -> float:
+        """The scheduled-sampling probability of feeding the model's own vector at ``step`` of ``total``."""
+        return min(0.8, self.scheduled_sampling * step / max(total, 1))
+
+    def fit(self, queries: Union[Sequence[str], np.ndarray], targets: Sequence[np.ndarray],
+            corpus: np.ndarray) -> List[float]:
+        """Trains; returns the mean loss of each epoch.
+
+        Args:
+            queries: Query texts, or an (n, doc_dim) array of vector queries.
+            targets: Per query, an (m_i, doc_dim) array of its gold document vectors (m_i >= 1).
+            corpus: (size, doc_dim) document vectors the negatives are drawn from.
+        """
+        if len(queries) != len(targets):
+            raise ValueError(f'{len(queries)} queries but {len(targets)} target sets')
+        dim = self.model.doc_dim
+        for i, t in enumerate(targets):
+            if t.ndim != 2 or t.shape[1] != dim or len(t) == 0:
+                raise ValueError(f'targets[{i}] must be a non-empty (m, {dim}) array, got shape {t.shape}')
+        if corpus.ndim != 2 or corpus.shape[1] != dim:
+            raise ValueError(f'corpus must be (size, {dim}), got shape {corpus.shape}')
+        steps_per_epoch = -(-len(queries) // self.batch_size)
+        total, step, history = steps_per_epoch * self.epochs, 0, []
+        bar = pt.tqdm(total=total, desc='AMER' if not self.single_query else 'Single-Query', unit='step') \
+            if self.verbose else None
+        for _ in range(self.epochs):
+            order = self.rng.permutation(len(queries))
+            losses = []
+            for begin in range(0, len(order), self.batch_size):
+                batch = order[begin:begin + self.batch_size]
+                losses.append(self.step([queries[i] for i in batch] if not isinstance(queries, np.ndarray)
+                                        else queries[batch], [targets[i] for i in batch], corpus,
+                                        self.own_probability(step, total)))
+                step += 1
+                if bar is not None:
+                    bar.update()
+                    bar.set_postfix(loss=f'{losses[-1]:.4f}')
+            history.append(float(np.mean(losses)))
+        if bar is not None:
+            bar.close()
+        return history
+
+    def step(self, queries, targets: Sequence[np.ndarray], corpus: np.ndarray, own_probability: float) -> float:
+        """One optimiser step; returns the loss."""
+        self.model.train()
+        loss = self.loss(queries, targets, corpus, own_probability)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.detach())
+
+    def loss(self, queries, targets: Sequence[np.ndarray], corpus: np.ndarray, own_probability: float):
+        """The matched InfoNCE loss of one batch."""
+        device = self.model.in_proj.weight.device
+        if self.single_query:
+            targets = [t[self.rng.integers(len(t))][None] for t in targets]
+        steps = 1 if self.single_query else self.model.num_vectors
+        golds, offset = [], 0
+        for t in targets:
+            golds.append(torch.arange(offset, offset + len(t), device=device))
+            offset += len(t)
+        negatives = corpus[self.rng.integers(len(corpus), size=self.negatives)] if self.negatives else corpus[:0]
+        candidates = torch.as_tensor(np.concatenate(list(targets) + [negatives]), dtype=torch.float32, device=device)
+        feed = torch.full((len(targets), max(steps - 1, 0), self.model.doc_dim), float('nan'), device=device)
+        for i, t in enumerate(targets):
+            shuffled = t[self.rng.permutation(len(t))][:steps - 1]
+            feed[i, :len(shuffled)] = torch.nn.functional.normalize(torch.as_tensor(shuffled, dtype=torch.float32), dim=-1)
+        embeds = self.model.embed_vectors(queries) if isinstance(queries, np.ndarray) else self.model.embed_text(queries)
+        predictions = self.model(*embeds, num_vectors=steps, feed=feed, own_probability=own_probability,
+                                 generator=self.generator)
+        return torch.stack([matched_infonce(p, candidates, g, self.temperature)[0]
+                            for p, g in zip(predictions, golds)]).mean()

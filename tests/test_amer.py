@@ -1,0 +1,235 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from pyterrier_multiquery.amer.synthetic import (Transformations, frobenius_orthogonal_rotations, make_task,
+                                                 random_rotation)
+
+# The Hungarian loss against brute force over pairings: tests/test_losses.py; round-robin merging: tests/test_index.py.
+
+
+@pytest.mark.parametrize('dim', [4, 8, 64])
+def test_rotations_are_orthogonal_with_determinant_one(dim):
+    rng = np.random.default_rng(dim)
+    for rotation in [random_rotation(dim, rng), *frobenius_orthogonal_rotations(dim, rng)]:
+        assert np.allclose(rotation.T @ rotation, np.eye(dim), atol=1e-10)
+        assert np.linalg.det(rotation) == pytest.approx(1.)
+    a, b, c = frobenius_orthogonal_rotations(dim, rng)
+    for x, y in [(a, b), (a, c), (b, c)]:
+        assert np.trace(x.T @ y) == pytest.approx(0., abs=1e-9)
+    assert np.linalg.det(-b) == pytest.approx(1.)   # -B and -C stay rotations in even dimensions
+
+
+def test_frobenius_orthogonal_rotations_need_a_dimension_divisible_by_four():
+    with pytest.raises(ValueError, match='divisible by 4'):
+        frobenius_orthogonal_rotations(6, np.random.default_rng(0))
+
+
+def test_linear_targets_average_to_a_fifth_of_the_input():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((7, 16))
+    targets = Transformations('linear', 16, rng)(x)
+    assert targets.shape == (7, 5, 16)
+    assert np.allclose(targets.mean(1), x / 5)
+    assert np.allclose(targets[:, 0], x) and np.allclose(targets[:, 1], -targets[:, 3])
+
+
+def test_mlp_targets_are_two_gelu_layers_of_each_rotation():
+    from scipy.special import erf
+    rng = np.random.default_rng(1)
+    maps = Transformations('mlp', 8, rng)
+    x = rng.standard_normal((3, 8))
+    gelu = lambda v: 0.5 * v * (1 + erf(v / np.sqrt(2)))  # noqa: E731
+    expected = gelu(gelu(x @ maps.matrices[2].T) @ maps.matrices[2].T)
+    assert np.allclose(maps(x)[:, 2], expected)
+    assert np.allclose(maps.matrices[3], -maps.matrices[1]) and np.allclose(maps.matrices[4], -maps.matrices[2])
+
+
+@pytest.mark.parametrize('setting', ['single', 'multi', 'ood'])
+def test_task_corpus_holds_every_target_then_the_negatives(setting):
+    task = make_task(setting, 'linear', dim=8, train_size=20, test_size=6, negatives=30, seed=0)
+    assert task.corpus.shape == (5 * 26 + 30, 8)
+    assert np.allclose(task.corpus[task.test_target_rows], task.test_targets)
+    assert np.allclose(task.corpus[:100].reshape(20, 5, 8), task.train_targets)
+    with pytest.raises(ValueError, match='unknown setting'):
+        make_task('mixed')
+
+
+def test_ood_tests_on_laplace_inputs_only():
+    task = make_task('ood', 'linear', dim=8, train_size=400, test_size=400, negatives=0, seed=0)
+    excess_kurtosis = lambda v: ((v - v.mean()) ** 4).mean() / v.var() ** 2 - 3  # noqa: E731
+    assert excess_kurtosis(task.test_queries.ravel()) > 2.   # Laplace: 3 (less the small Gaussian noise)
+    assert abs(excess_kurtosis(make_task('single', 'linear', dim=8, train_size=10, test_size=400, negatives=0)
+                               .test_queries.ravel())) < 0.5
+
+
+# --- the model on tiny random LMs ----------------------------------------------------------------------------
+
+def tiny_config():
+    from transformers import LlamaConfig
+    return LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                       num_key_value_heads=2, max_position_embeddings=64)
+
+
+@pytest.fixture(scope='module')
+def tiny_llama(tmp_path_factory):
+    """A random tiny Llama with a word-level tokenizer, saved as a checkpoint (for the text and LoRA paths)."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+    path = tmp_path_factory.mktemp('tiny') / 'llama'
+    words = ['<pad>', '<unk>', '<s>', '</s>', 'who', 'won', 'the', 'cup', 'in', 'year', 'which', 'city']
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token='<unk>'))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    torch.manual_seed(0)
+    LlamaForCausalLM(tiny_config()).save_pretrained(path)
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token='<pad>', unk_token='<unk>', bos_token='<s>',
+                            eos_token='</s>').save_pretrained(path)
+    return path
+
+
+def test_vectors_are_normalised_and_fed_back(tiny_llama):
+    import torch
+    from pyterrier_multiquery.amer import AMER
+    torch.manual_seed(0)
+    model = AMER.from_backbone(tiny_llama, doc_dim=6, num_vectors=3)
+    out = model.encode(['who won the cup', 'which city'])
+    assert out.shape == (2, 3, 6) and np.allclose(np.linalg.norm(out, axis=-1), 1., atol=1e-5)
+    assert not np.allclose(out[:, 0], out[:, 1])
+    # q2 is what the LM makes of the query followed by in_proj(q1): recompute it by hand for the unpadded query
+    embeds, mask = model.embed_text(['which city'])
+    with torch.no_grad():
+        q1 = torch.tensor(out[1:, 0])
+        longer = torch.cat([embeds, model.in_proj(q1).unsqueeze(1)], 1)
+        hidden = model.lm.get_decoder()(inputs_embeds=longer).last_hidden_state[:, -1]
+        q2 = torch.nn.functional.normalize(model.out_proj(hidden), dim=-1)
+    assert np.allclose(q2.numpy(), out[1, 1], atol=1e-5)
+    # left padding: a query alone and in a batch with a longer one give the same vectors
+    assert np.allclose(model.encode(['which city']), out[1:], atol=1e-5)
+
+
+def test_lora_trains_only_adapters_and_projections(tiny_llama):
+    from pyterrier_multiquery.amer import AMER
+    model = AMER.from_backbone(tiny_llama, doc_dim=6)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert names and all('lora_' in n or n.startswith(('in_proj', 'out_proj')) for n in names)
+    targeted = {n.split('.lora_')[0].rsplit('.', 1)[-1] for n in names if 'lora_' in n}
+    assert targeted == {'q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'}
+    config = model.lm.peft_config['default']
+    assert (config.r, config.lora_alpha, config.lora_dropout) == (64, 16, 0.1)
+    with pytest.raises(ValueError, match='LoRA needs a pretrained backbone'):
+        AMER.from_backbone(tiny_config(), doc_dim=6)
+
+
+def test_bad_vector_queries_are_rejected():
+    from pyterrier_multiquery.amer import AMER
+    model = AMER.from_backbone(tiny_config(), doc_dim=8, lora=False)
+    with pytest.raises(ValueError, match=r'\(n, 8\)'):
+        model.encode(np.zeros((2, 5), dtype=np.float32))
+    with pytest.raises(ValueError, match='no tokenizer'):
+        model.encode(['text'])
+
+
+def test_scheduled_sampling_schedule():
+    from pyterrier_multiquery.amer import AMER, AMERTrainer
+    trainer = AMERTrainer(AMER.from_backbone(tiny_config(), doc_dim=8, lora=False), verbose=False)
+    assert [trainer.own_probability(s, 10) for s in (0, 5, 9, 10)] == [0., .5, .8, .8]
+    trainer.scheduled_sampling = 0.
+    assert trainer.own_probability(10, 10) == 0.
+
+
+def test_tiny_model_fits_a_tiny_synthetic_set():
+    import torch
+    from transformers import LlamaConfig
+    from pyterrier_multiquery.amer import AMER, AMERTrainer
+    task = make_task('single', 'linear', dim=8, train_size=4, test_size=1, negatives=20, seed=0)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    model = AMER.from_backbone(config, doc_dim=8, num_vectors=5, lora=False)
+    corpus = task.corpus / np.linalg.norm(task.corpus, axis=1, keepdims=True)
+
+    def covered():
+        vectors = model.encode(task.train_queries)
+        rows = np.arange(20).reshape(4, 5)
+        return np.mean([len({int(np.argmax(corpus @ v)) for v in q} & set(r)) / 5 for q, r in zip(vectors, rows)])
+
+    before = covered()
+    history = AMERTrainer(model, learning_rate=2e-3, epochs=300, batch_size=4, negatives=16,
+                          verbose=False).fit(task.train_queries, list(task.train_targets), task.corpus)
+    assert history[-1] < history[0] / 10
+    assert before <= 0.2 and covered() == 1.   # every target is the nearest corpus row of one of the 5 vectors
+
+
+def test_single_query_trains_one_vector_on_one_random_target():
+    import torch
+    from pyterrier_multiquery.amer import AMER, AMERTrainer
+    task = make_task('single', 'linear', dim=8, train_size=8, test_size=1, negatives=8, seed=0)
+    model = AMER.from_backbone(tiny_config(), doc_dim=8, num_vectors=5, lora=False)
+    trainer = AMERTrainer(model, single_query=True, verbose=False)
+    loss = trainer.loss(task.train_queries, list(task.train_targets), task.corpus, 0.)
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    with pytest.raises(ValueError, match=r'targets\[0\]'):
+        trainer.fit(task.train_queries, [t[:, :4] for t in task.train_targets], task.corpus)
+
+
+@pytest.mark.parametrize('lora', [True, False])
+def test_save_and_load_round_trip(tiny_llama, tmp_path, lora):
+    import torch
+    from pyterrier_multiquery.amer import AMER, AMERTrainer
+    torch.manual_seed(0)
+    model = AMER.from_backbone(tiny_llama if lora else tiny_config(), doc_dim=8, num_vectors=2, lora=lora)
+    task = make_task('single', 'linear', dim=8, train_size=4, test_size=1, negatives=8, seed=0)
+    AMERTrainer(model, epochs=2, batch_size=4, learning_rate=1e-2, verbose=False).fit(
+        task.train_queries, list(task.train_targets), task.corpus)
+    model.save_pretrained(tmp_path / 'amer')
+    loaded = AMER.from_pretrained(tmp_path / 'amer')
+    assert np.allclose(model.encode(task.test_queries), loaded.encode(task.test_queries), atol=1e-5)
+    if lora:
+        assert np.allclose(model.encode(['who won the cup']), loaded.encode(['who won the cup']), atol=1e-5)
+    assert [p.name for p in tmp_path.iterdir()] == ['amer']
+    with pytest.raises(FileNotFoundError, match='not a saved AMER'):
+        AMER.from_pretrained(tmp_path)
+
+
+def test_query_encoder_feeds_the_multiquery_retriever(tiny_llama, tmp_path):
+    import torch
+    from pyterrier_multiquery.amer import AMER, AMERQueryEncoder
+    from pyterrier_multiquery.index import MultiVectorIndex
+    from pyterrier_multiquery.index.multiquery import round_robin
+    torch.manual_seed(0)
+    model = AMER.from_backbone(tiny_llama, doc_dim=4, num_vectors=2)
+    docs = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)
+    index = MultiVectorIndex(tmp_path / 'docs.mvi')
+    index.index([{'docno': f'd{i}', 'doc_vec': v} for i, v in enumerate(docs)])
+    encoder = AMERQueryEncoder(model)
+    queries = pd.DataFrame({'qid': ['1'], 'query': ['who won the cup']})
+    encoded = encoder(queries)
+    assert encoded['query_embs'][0].shape == (2, 4)
+    run = (encoder >> index.multiquery_retriever(num_results=4))(queries)
+    lists = [[f'd{i}' for i in np.argsort(-(docs @ v), kind='stable')] for v in encoded['query_embs'][0]]
+    assert run['docno'].tolist() == round_robin(lists, 4)
+    assert encoder(queries.iloc[:0]).empty
+
+
+def test_main_job_runs_amer_from_a_saved_model(tiny_llama, tmp_path):
+    import torch
+    from pyterrier_multiquery.__main__ import main
+    from pyterrier_multiquery.amer import AMER
+    from pyterrier_multiquery.datasets import load_dataset
+    from pyterrier_multiquery.experiment import amer_system
+    folder = tmp_path / 'beir'
+    (folder / 'qrels').mkdir(parents=True)
+    texts = ['who won the cup', 'the cup in year', 'which city', 'the year of the city']
+    (folder / 'corpus.jsonl').write_text(''.join(f'{{"_id": "d{i}", "title": "", "text": "{t}"}}\n' for i, t in enumerate(texts)))
+    (folder / 'queries.jsonl').write_text('{"_id": "q1", "text": "who won the cup"}\n')
+    (folder / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\nq1\td0\t1\n')
+    torch.manual_seed(0)
+    AMER.from_backbone(tiny_llama, doc_dim=384, num_vectors=2).save_pretrained(tmp_path / 'amer')
+    dataset = load_dataset(folder)
+    run = amer_system(tmp_path / 'amer', dataset, tmp_path / 'cache', num_results=3, verbose=False)(dataset.get_topics())
+    assert len(run) == 3 and run['docno'].is_unique and list(run['rank']) == [0, 1, 2]
+    table = tmp_path / 'table.csv'
+    assert main(['--dataset', str(folder), '--cache-dir', str(tmp_path / 'cache'), '--amer', str(tmp_path / 'amer'),
+                 '--save', str(table)]) == 0
+    assert 'AMER' in pd.read_csv(table)['name'].tolist()
