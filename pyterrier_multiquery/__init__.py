@@ -36,7 +36,13 @@ _ATTRIBUTES = {
     'diversity_advice': 'cdp',
     'self_bleu': 'cdp',
     'paraphrase_ratio': 'cdp',
+    'JPR': 'jpr',
+    'IndepPR': 'jpr',
+    'AMER': 'amer',
+    'AMERQueryEncoder': 'amer',
     'baseline_systems': 'experiment',
+    'amer_system': 'experiment',
+    'jpr_system': 'experiment',
     'run_experiment': 'experiment',
 }
 

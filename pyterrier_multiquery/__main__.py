@@ -16,14 +16,16 @@ def main(argv=None) -> int:
     parser.add_argument('--mmr-lambda', type=float, default=0.5, help='MMR relevance weight (default: %(default)s)')
     parser.add_argument('--mmr-depth', type=int, default=500, help='dense results MMR re-ranks (default: %(default)s)')
     parser.add_argument('--batch-size', type=int, default=64, help='encoder batch size (default: %(default)s)')
+    parser.add_argument('--amer', metavar='MODEL', help='also run AMER with this trained model (a folder written by '
+                                                       'AMER.save_pretrained) over the MiniLM index')
     parser.add_argument('--jpr', metavar='MODEL', help='also run MiniLM >> JPR (TreeDecode) with this trained model '
                                                       '(a folder written by JPRModel.save_pretrained)')
     parser.add_argument('--save', help='write the table as CSV to this path')
     args = parser.parse_args(argv)
 
     from pyterrier_multiquery.datasets import load_dataset
-    from pyterrier_multiquery.experiment import (baseline_systems, cache_dir_for, default_data_dir, jpr_system,
-                                                 run_experiment)
+    from pyterrier_multiquery.experiment import (amer_system, baseline_systems, cache_dir_for, default_data_dir,
+                                                 jpr_system, run_experiment)
 
     spec = args.dataset
     if spec is None:
@@ -40,6 +42,8 @@ def main(argv=None) -> int:
     cache_dir = cache_dir_for(spec, args.cache_dir)
     systems = baseline_systems(dataset, cache_dir, mmr_lambda=args.mmr_lambda, mmr_depth=args.mmr_depth,
                                batch_size=args.batch_size)
+    if args.amer:
+        systems['AMER'] = amer_system(args.amer, dataset, cache_dir, batch_size=args.batch_size)
     if args.jpr:
         systems['MiniLM >> JPR'] = jpr_system(args.jpr, dataset, cache_dir, batch_size=args.batch_size)
     table = run_experiment(systems, dataset.get_topics(args.variant), dataset.get_qrels(args.variant))

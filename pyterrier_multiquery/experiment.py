@@ -93,6 +93,37 @@ def jpr_system(model_path: os.PathLike, dataset, cache_dir: os.PathLike, *, num_
                                                               decode=decode, beta=beta, verbose=verbose)
 
 
+def minilm_multivector_index(dataset, cache_dir: os.PathLike, *, batch_size: int = 64, verbose: bool = True):
+    """A MultiVectorIndex holding one all-MiniLM-L6-v2 vector per document (the frozen index AMER searches).
+
+    Built once under ``cache_dir`` from the MiniLM FlexIndex's vectors.
+    """
+    from pyterrier_multiquery.index import MultiVectorIndex
+    flex, _ = minilm_dense(dataset, cache_dir, batch_size=batch_size, verbose=verbose)
+    index = MultiVectorIndex(Path(cache_dir) / 'minilm.mvi', verbose=verbose)
+    if not index.built():
+        docnos, vectors, _ = flex.payload()
+        index.index({'docno': docno, 'doc_vec': vector} for docno, vector in zip(docnos.fwd, vectors))
+    return index
+
+
+def amer_system(model_path: os.PathLike, dataset, cache_dir: os.PathLike, *, num_results: int = 1000,
+                batch_size: int = 64, verbose: bool = True) -> pt.Transformer:
+    """A trained AMER's query vectors, each searching the frozen MiniLM index, merged round-robin.
+
+    Args:
+        model_path: A folder written by ``AMER.save_pretrained`` (trained against all-MiniLM-L6-v2 vectors).
+        dataset: A PyTerrier dataset with a corpus.
+        cache_dir: Folder of the MiniLM indexes (shared with :func:`baseline_systems`).
+        num_results: Results per query after merging.
+        batch_size: MiniLM's batch size when the index is built.
+        verbose: Whether to show progress bars.
+    """
+    from pyterrier_multiquery.amer import AMERQueryEncoder
+    index = minilm_multivector_index(dataset, cache_dir, batch_size=batch_size, verbose=verbose)
+    return AMERQueryEncoder(model_path, verbose=verbose) >> index.multiquery_retriever(num_results=num_results)
+
+
 def validate_topics_qrels(topics: pd.DataFrame, qrels: pd.DataFrame) -> None:
     """Raises a ValueError naming what is missing when topics or qrels lack a needed column."""
     for what, frame, columns in (('topics', topics, ['qid', 'query']), ('qrels', qrels, ['qid', 'docno', 'label'])):
