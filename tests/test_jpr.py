@@ -210,15 +210,14 @@ def test_dynamic_oracle_targets_are_the_positives_not_yet_chosen(tiny_bert):
     model = new_model(tiny_bert)
     trainer = JPRTrainer(model, k=4, verbose=False)
     answers = [set(), {'a'}, set(), {'b'}, set(), {'a'}]
-    memory, mask = trainer.memory(examples()[:1], [list(range(6))])
-    prefix, targets = trainer.targets(answers, memory, mask)
+    prefix, targets = trainer.targets(answers, np.log(np.full(6, 1 / 6)))
     assert len(prefix) == 4 and len(set(prefix)) == 4 and {1, 3} <= set(prefix)   # cover + 2 negatives
     for step, target in enumerate(targets):
         assert target == [p for p in [1, 3] if p not in prefix[:step]]
     trainer.mode = 'teacher_forcing'
-    assert trainer.targets(answers, memory, mask) == ([1, 3], [[1], [3]])
+    assert trainer.targets(answers) == ([1, 3], [[1], [3]])
     trainer.mode = 'independent'
-    assert trainer.targets(answers, memory, mask) == ([], [[1, 3, 5]])
+    assert trainer.targets(answers) == ([], [[1, 3, 5]])
 
 
 def test_trainer_rejects_bad_settings(tiny_bert):

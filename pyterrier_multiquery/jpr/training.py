@@ -111,7 +111,11 @@ class JPRTrainer:
         subsets = [self.subset(e) for e in batch]
         memory, mask = self.memory(batch, subsets)
         answers = [[batch[b].answers[i] for i in subset] for b, subset in enumerate(subsets)]
-        prefixes, targets = zip(*[self.targets(a, memory[b:b + 1], mask[b:b + 1]) for b, a in enumerate(answers)])
+        prior = None
+        if self.mode == 'dynamic_oracle':
+            with torch.no_grad():
+                prior = self.model(memory, torch.zeros(len(batch), 0, dtype=torch.long), mask)[:, 0].cpu().numpy()
+        prefixes, targets = zip(*[self.targets(a, None if prior is None else prior[b]) for b, a in enumerate(answers)])
         steps = max(len(p) for p in prefixes)
         prefix = torch.full((len(batch), steps), -1, dtype=torch.long)
         target = torch.zeros(len(batch), steps + 1, memory.shape[1], dtype=torch.bool)
@@ -144,16 +148,19 @@ class JPRTrainer:
             mask[b, :len(subset)] = False
         return memory, mask
 
-    def targets(self, answers: Sequence[AbstractSet], memory, mask) -> Tuple[List[int], List[List[int]]]:
-        """The prefix and, for each of its steps and the one after, the target positions."""
+    def targets(self, answers: Sequence[AbstractSet], prior: Optional[np.ndarray] = None) -> Tuple[List[int], List[List[int]]]:
+        """The prefix and, for each of its steps and the one after, the target positions.
+
+        Args:
+            answers: The answers of each candidate of the example.
+            prior: The model's first-step log-probabilities of the candidates (for the dynamic oracle's negatives).
+        """
         if self.mode == 'independent':
             return [], [[i for i, a in enumerate(answers) if a]]
         k = min(self.k, len(answers))
         cover = greedy_answer_cover(answers, k)
         if self.mode == 'teacher_forcing':
             return cover, [[p] for p in cover]
-        with torch.no_grad():
-            prior = self.model(memory, torch.zeros(1, 0, dtype=torch.long), mask)[0, 0].cpu().numpy()
         prior = np.where(np.isfinite(prior), prior, -1e9)
         negatives = gumbel_top_k(prior[:len(answers)], k - len(cover), self.gamma, self.rng, exclude=cover)
         prefix = [int(i) for i in self.rng.permutation(cover + negatives)]
