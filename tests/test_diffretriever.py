@@ -8,7 +8,8 @@ torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
 
 from pyterrier_multiquery.diffretriever import (DiffEmbed, DiffRetriever, HybridRetriever, PromptReps,  # noqa: E402
-                                                budget_grid, oracle_budgets, oracle_correlations, select_budget)
+                                                budget_grid, diffretriever_system, oracle_budgets,
+                                                oracle_correlations, select_budget)
 from pyterrier_multiquery.diffretriever.encoder import MaskedBackbone  # noqa: E402
 from pyterrier_multiquery.diffretriever.sparse import content_token_ids, sparse_weights  # noqa: E402
 from pyterrier_multiquery.diffretriever.training import contrastive_loss, contrastive_train, dense_scores  # noqa: E402
@@ -243,3 +244,28 @@ def test_budget_selection_oracle_and_correlation():
     # totals a 3, b 2, c 4 against lengths 5, 2, 9: same order -> rho 1; entropy reversed -> -1
     assert corr.loc[('total', 'length'), 'rho'] == pytest.approx(1.)
     assert corr.loc[('total', 'entropy'), 'rho'] == pytest.approx(-1.)
+
+
+class _Corpus:
+    def get_corpus_iter(self, verbose=False):
+        yield {'docno': 'a', 'title': 'cats', 'text': 'and dogs'}
+        yield {'docno': 'b', 'title': '', 'text': 'heart disease protein'}
+
+
+def test_diffretriever_system_modes(encoder, tmp_path):
+    encoder.save_pretrained(tmp_path / 'model')
+    topics = pd.DataFrame({'qid': ['1'], 'query': ['heart disease']})
+    runs = {mode: diffretriever_system(tmp_path / 'model', _Corpus(), tmp_path / 'cache', mode=mode, device='cpu')(topics)
+            for mode in ('dense', 'mean', 'sparse', 'hybrid')}
+    assert len(list((tmp_path / 'cache').glob('diffretriever-*-k3.mvi'))) == 1
+    queries = encoder.query_encoder()(topics)
+    docs = encoder.doc_encoder()(pd.DataFrame({'docno': ['a', 'b'], 'text': ['cats and dogs', 'heart disease protein']}))
+    q = queries['query_embs'][0]
+    maxsim = {d: float((q @ e.T).max(1).mean()) for d, e in zip(docs['docno'], docs['doc_embs'])}
+    dense = runs['dense'].set_index('docno')['score']
+    for docno, value in maxsim.items():
+        assert dense[docno] == pytest.approx(value, abs=1e-5)
+    assert set(runs['hybrid']['docno']) == set(runs['dense']['docno']) | set(runs['sparse']['docno'])
+    assert runs['hybrid']['score'].max() <= 1. + 1e-9
+    with pytest.raises(ValueError, match="mode must be"):
+        diffretriever_system(tmp_path / 'model', _Corpus(), tmp_path / 'cache', mode='colbert')

@@ -1,5 +1,7 @@
 """Dense, sparse and hybrid DiffRetriever pipelines over a MultiVectorIndex and a pyterrier-pisa index."""
+import hashlib
 from pathlib import Path
+from typing import Optional
 
 import pyterrier as pt
 
@@ -15,10 +17,12 @@ def sparse_index(path, encoded_docs, *, overwrite: bool = False):
     return index
 
 
-def diffretriever_system(model_path, dataset, cache_dir, *, mode: str = 'hybrid', k_query: int = 4, k_doc: int = 4,
+def diffretriever_system(model_path, dataset, cache_dir, *, mode: str = 'hybrid', k_query: Optional[int] = None,
+                         k_doc: Optional[int] = None,
                          num_results: int = 1000, **encoder_args) -> pt.Transformer:
-    """The DiffRetriever pipeline for the main job: encodes ``dataset``'s corpus once into ``cache_dir``
+    """The DiffRetriever pipeline for the main job: encodes ``dataset``'s corpus once into ``cache_dir`` (per model path and K_doc)
     (MultiVectorIndex of ``doc_embs`` and PISA index of ``toks``) and returns query encoder >> retriever.
+    K defaults to the checkpoint's saved budgets (4 and 4 for a plain backbone).
 
     ``mode`` is ``dense`` (MaxSim), ``mean`` (mean-pooled vectors), ``sparse`` or ``hybrid`` (0.5/0.5).
     """
@@ -28,8 +32,9 @@ def diffretriever_system(model_path, dataset, cache_dir, *, mode: str = 'hybrid'
         raise ValueError(f"mode must be 'dense', 'mean', 'sparse' or 'hybrid', got {mode!r}")
     encoder = DiffRetriever.from_pretrained(str(model_path), k_query=k_query, k_doc=k_doc, **encoder_args)
     cache = Path(cache_dir)
-    dense_index = MultiVectorIndex(cache / f'diffretriever_k{k_doc}.mvi', verbose=False)
-    pisa_path = cache / f'diffretriever_k{k_doc}.pisa'
+    name = f'diffretriever-{hashlib.sha1(str(Path(model_path).resolve()).encode()).hexdigest()[:10]}-k{encoder.k_doc}'
+    dense_index = MultiVectorIndex(cache / f'{name}.mvi', verbose=False)
+    pisa_path = cache / f'{name}.pisa'
     if not dense_index.built() or not pisa_path.exists():
         docs = encoder.doc_encoder()(pd_frame(dataset))
         if not dense_index.built():
