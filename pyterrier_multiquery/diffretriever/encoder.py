@@ -31,13 +31,15 @@ class MaskedBackbone:
 
     @classmethod
     def load(cls, path: str, *, trust_remote_code: bool = False, head: Optional[str] = None):
-        """Loads ``AutoModelForMaskedLM`` when the checkpoint has an LM head, else ``AutoModel`` with a tied head."""
+        """Loads ``AutoModelForMaskedLM`` when the checkpoint has an LM head (its ``architectures`` name one), else
+        ``AutoModel`` with a tied head; remote-code diffusion LMs (LLaDA, Dream) load through ``AutoModel``, which
+        returns their logits."""
         from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         if head is None:
             archs = config.architectures or []
-            head = 'lm' if any('LM' in a or 'Diffusion' in a for a in archs) else 'tied'
+            head = 'lm' if trust_remote_code or any('LM' in a for a in archs) else 'tied'
         auto = AutoModelForMaskedLM if head == 'lm' and not trust_remote_code else AutoModel
         model = auto.from_pretrained(path, trust_remote_code=trust_remote_code)
         return cls(model, tokenizer, head)
