@@ -11,6 +11,7 @@ from pyterrier_multiquery.diffretriever import (DiffEmbed, DiffRetriever, Hybrid
                                                 budget_grid, diffretriever_system, oracle_budgets,
                                                 oracle_correlations, select_budget)
 from pyterrier_multiquery.diffretriever.encoder import MaskedBackbone  # noqa: E402
+from pyterrier_multiquery.diffretriever.prompts import prompt_ids  # noqa: E402
 from pyterrier_multiquery.diffretriever.sparse import content_token_ids, sparse_weights  # noqa: E402
 from pyterrier_multiquery.diffretriever.training import contrastive_loss, contrastive_train, dense_scores  # noqa: E402
 
@@ -82,7 +83,7 @@ def test_promptreps_prompt_and_steps(tokenizer):
                                       num_attention_heads=2, num_key_value_heads=1, intermediate_size=32)
     model = transformers.Qwen2ForCausalLM(config)
     reps = PromptReps(model, tokenizer, n_query=3, n_doc=2, device='cpu')
-    prompt = reps.prompt_ids(ids_of(tokenizer, 'cats'), 3, 'query')
+    prompt = prompt_ids(tokenizer, ids_of(tokenizer, 'cats'), 3, 'query')
     assert prompt[-len(ids_of(tokenizer, 'The words are: "')):] == ids_of(tokenizer, 'The words are: "')
     out = reps.query_encoder()(pd.DataFrame({'qid': ['1'], 'query': ['cats and dogs']}))
     embs = out['query_embs'][0]
@@ -90,7 +91,7 @@ def test_promptreps_prompt_and_steps(tokenizer):
     np.testing.assert_allclose(np.linalg.norm(embs, axis=1), 1., rtol=1e-5)
     # the first generated step reads the prompt's last position: same as a plain forward pass
     with torch.no_grad():
-        full = model(torch.tensor([reps.prompt_ids(ids_of(tokenizer, 'cats and dogs'), 3, 'query')]),
+        full = model(torch.tensor([prompt_ids(tokenizer, ids_of(tokenizer, 'cats and dogs'), 3, 'query')]),
                      output_hidden_states=True)
     first = torch.nn.functional.normalize(full.hidden_states[-1][0, -1], dim=-1).numpy()
     np.testing.assert_allclose(embs[0], first, atol=1e-5)

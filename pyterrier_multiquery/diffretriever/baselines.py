@@ -7,7 +7,7 @@ import pyterrier as pt
 
 from pyterrier_multiquery._device import resolve_device
 from pyterrier_multiquery.diffretriever.encoder import MaskedBackbone, _Encoder
-from pyterrier_multiquery.diffretriever.prompts import instruction
+from pyterrier_multiquery.diffretriever.prompts import prompt_ids
 from pyterrier_multiquery.diffretriever.sparse import content_token_ids, sparse_weights, to_toks
 
 
@@ -74,23 +74,11 @@ class PromptReps:
         return cls(AutoModelForCausalLM.from_pretrained(path, **extra), AutoTokenizer.from_pretrained(path, **extra),
                    **kwargs)
 
-    def prompt_ids(self, text_ids: List[int], n: int, side: str) -> List[int]:
-        """The chat-formatted prompt ending with the assistant prefix (no chat template: instruction + prefix)."""
-        before, after, prefix = instruction(n, side)
-        encode = lambda s: self.tokenizer(s, add_special_tokens=False)['input_ids']
-        if getattr(self.tokenizer, 'chat_template', None):
-            marker = '\0TEXT\0'
-            rendered = self.tokenizer.apply_chat_template([{'role': 'user', 'content': before + marker + after}],
-                                                          tokenize=False, add_generation_prompt=True)
-            head, tail = rendered.split(marker)
-            return encode(head) + text_ids + encode(tail + prefix)
-        return encode(before) + text_ids + encode(after + ' ' + prefix)
-
     def generate(self, text: str, n: int, side: str):
         """``(hidden (n, d), logits (n, V), content ids)`` for one text, ``n`` sequential forward steps."""
         import torch
         text_ids = self.tokenizer(text, add_special_tokens=False, truncation=True, max_length=self.max_length)['input_ids']
-        ids = torch.tensor([self.prompt_ids(text_ids, n, side)], device=self.device)
+        ids = torch.tensor([prompt_ids(self.tokenizer, text_ids, n, side)], device=self.device)
         hidden, logits, past = [], [], None
         for _ in range(n):
             out = self.model(input_ids=ids, past_key_values=past, use_cache=True, output_hidden_states=True)

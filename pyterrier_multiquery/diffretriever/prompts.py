@@ -24,13 +24,9 @@ def instruction(k: int, side: str) -> Tuple[str, str, str]:
     return before, after, prefix
 
 
-def layout(tokenizer, text_ids: List[int], k: int, side: str, mask_id: int) -> Tuple[List[int], List[int]]:
-    """Token ids of the prompt around ``text_ids`` with ``k`` mask positions, and the indexes of those positions.
-
-    With a chat template (LLaDA, Dream, any instruct model) the instruction is the user turn and the masks follow
-    the assistant prefix, closed by the quote, the turn-end and the end-of-sequence tokens. Without one (BERT-like
-    masked LMs) the layout is ``[CLS] instruction assistant_prefix [MASK]*k " [SEP]``.
-    """
+def prompt_ids(tokenizer, text_ids: List[int], k: int, side: str) -> List[int]:
+    """Token ids of the instruction around ``text_ids`` followed by the assistant prefix, as the user turn of the
+    tokenizer's chat template when it has one (no special tokens otherwise)."""
     before, after, prefix = instruction(k, side)
     encode = lambda s: tokenizer(s, add_special_tokens=False)['input_ids']
     if getattr(tokenizer, 'chat_template', None):
@@ -38,17 +34,24 @@ def layout(tokenizer, text_ids: List[int], k: int, side: str, mask_id: int) -> T
         rendered = tokenizer.apply_chat_template([{'role': 'user', 'content': before + marker + after}],
                                                  tokenize=False, add_generation_prompt=True)
         head, tail = rendered.split(marker)
-        closing = encode('"') + _turn_end(tokenizer)
-        ids = encode(head) + text_ids + encode(tail + prefix)
-        start = len(ids)
-        ids = ids + [mask_id] * k + closing
-    else:
-        inner = encode(before) + text_ids + encode(after + ' ' + prefix)
-        body = inner + [mask_id] * k + encode('"')
-        head, tail = _specials(tokenizer)
-        ids = head + body + tail
-        start = len(head) + len(inner)
-    return ids, list(range(start, start + k))
+        return encode(head) + text_ids + encode(tail + prefix)
+    return encode(before) + text_ids + encode(after + ' ' + prefix)
+
+
+def layout(tokenizer, text_ids: List[int], k: int, side: str, mask_id: int) -> Tuple[List[int], List[int]]:
+    """Token ids of the prompt around ``text_ids`` with ``k`` mask positions, and the indexes of those positions.
+
+    With a chat template (LLaDA, Dream, any instruct model) the instruction is the user turn and the masks follow
+    the assistant prefix, closed by the quote, the turn-end and the end-of-sequence tokens. Without one (BERT-like
+    masked LMs) the layout is ``[CLS] instruction assistant_prefix [MASK]*k " [SEP]``.
+    """
+    ids = prompt_ids(tokenizer, text_ids, k, side)
+    quote = tokenizer('"', add_special_tokens=False)['input_ids']
+    if getattr(tokenizer, 'chat_template', None):
+        return ids + [mask_id] * k + quote + _turn_end(tokenizer), list(range(len(ids), len(ids) + k))
+    head, tail = _specials(tokenizer)
+    start = len(head) + len(ids)
+    return head + ids + [mask_id] * k + quote + tail, list(range(start, start + k))
 
 
 def _specials(tokenizer) -> Tuple[List[int], List[int]]:
