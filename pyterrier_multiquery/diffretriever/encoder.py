@@ -1,0 +1,202 @@
+"""The DiffRetriever encoder: a retrieval prompt with K appended mask positions, read in one bidirectional pass."""
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+
+from pyterrier_multiquery._device import resolve_device
+from pyterrier_multiquery._files import building
+from pyterrier_multiquery.diffretriever.prompts import layout
+from pyterrier_multiquery.diffretriever.sparse import content_token_ids, sparse_weights, to_toks
+
+CONFIG_NAME = 'diffretriever.json'
+
+
+class MaskedBackbone:
+    """A bidirectional model with a mask token: hidden states and vocabulary logits at given positions.
+
+    ``head='lm'`` uses the model's own masked-LM head; ``head='tied'`` (encoder-only checkpoints such as
+    all-MiniLM-L6-v2) scores the last hidden state against the input embedding matrix.
+    """
+
+    def __init__(self, model, tokenizer, head: str):
+        if head not in ('lm', 'tied'):
+            raise ValueError(f"head must be 'lm' or 'tied', got {head!r}")
+        if tokenizer.mask_token_id is None:
+            raise ValueError('the backbone needs a mask token; its tokenizer has none')
+        self.model, self.tokenizer, self.head = model, tokenizer, head
+
+    @classmethod
+    def load(cls, path: str, *, trust_remote_code: bool = False, head: Optional[str] = None):
+        """Loads ``AutoModelForMaskedLM`` when the checkpoint has an LM head (its ``architectures`` name one), else
+        ``AutoModel`` with a tied head; remote-code diffusion LMs (LLaDA, Dream) load through ``AutoModel``, which
+        returns their logits."""
+        from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        if head is None:
+            archs = config.architectures or []
+            head = 'lm' if trust_remote_code or any('LM' in a for a in archs) else 'tied'
+        auto = AutoModelForMaskedLM if head == 'lm' and not trust_remote_code else AutoModel
+        model = auto.from_pretrained(path, trust_remote_code=trust_remote_code)
+        return cls(model, tokenizer, head)
+
+    def forward(self, input_ids, attention_mask):
+        """``(hidden, logits)`` of the last layer, each ``(B, L, ·)``."""
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        hidden = out.hidden_states[-1]
+        if self.head == 'tied':
+            return hidden, hidden @ self.model.get_input_embeddings().weight.T
+        return hidden, out.logits
+
+
+class DiffRetriever:
+    """DiffRetriever (seed 004): K mask positions after the retrieval prompt; each position's last hidden state is
+    a dense vector (``query_embs``/``doc_embs``, L2-normalised) and ``max_k log(1 + ReLU(logits_k))`` over the
+    content words of the input is the sparse vector (``query_toks``/``toks``).
+
+    ``steps`` > 1 is the iterative unmasking of Appendix A.1: after each of the first ``steps - 1`` passes the
+    most confident still-masked positions (``ceil(K / steps)`` of them) take their argmax token, and the
+    representations are read from the last pass.
+    """
+
+    def __init__(self, backbone: MaskedBackbone, *, k_query: int = 4, k_doc: int = 4, steps: int = 1,
+                 max_length: int = 256, batch_size: int = 16, device: Optional[str] = None, verbose: bool = False):
+        for name, value in (('k_query', k_query), ('k_doc', k_doc), ('steps', steps)):
+            if value < 1:
+                raise ValueError(f'{name} must be at least 1, got {value}')
+        self.backbone = backbone
+        self.k_query, self.k_doc, self.steps = k_query, k_doc, steps
+        self.max_length, self.batch_size, self.verbose = max_length, batch_size, verbose
+        self.device = resolve_device(device)
+        self.backbone.model.to(self.device).eval()
+
+    @classmethod
+    def from_pretrained(cls, path: str, k_query: Optional[int] = None, k_doc: Optional[int] = None, *,
+                        trust_remote_code: bool = False, head: Optional[str] = None, **kwargs) -> 'DiffRetriever':
+        """Loads any bidirectional model with a mask token (masked LMs, LLaDA/Dream with ``trust_remote_code``,
+        encoder-only checkpoints with a tied head), or a checkpoint written by :meth:`save_pretrained`."""
+        saved = Path(path) / CONFIG_NAME
+        config = json.loads(saved.read_text()) if saved.exists() else {}
+        head = head or config.get('head')
+        backbone = MaskedBackbone.load(str(path), trust_remote_code=trust_remote_code, head=head)
+        return cls(backbone, k_query=k_query or config.get('k_query', 4), k_doc=k_doc or config.get('k_doc', 4),
+                   **kwargs)
+
+    def save_pretrained(self, path) -> None:
+        """Writes the model (LoRA adapters merged), tokenizer and K settings, atomically."""
+        model = self.backbone.model
+        if hasattr(model, 'merge_and_unload'):
+            model = model.merge_and_unload()
+            self.backbone.model = model
+        with building(path) as tmp:
+            model.save_pretrained(tmp)
+            self.backbone.tokenizer.save_pretrained(tmp)
+            (tmp / CONFIG_NAME).write_text(json.dumps({'k_query': self.k_query, 'k_doc': self.k_doc,
+                                                       'head': self.backbone.head}))
+
+    def with_k(self, k_query: Optional[int] = None, k_doc: Optional[int] = None) -> 'DiffRetriever':
+        """The same backbone with other budgets."""
+        return DiffRetriever(self.backbone, k_query=k_query or self.k_query, k_doc=k_doc or self.k_doc,
+                             steps=self.steps, max_length=self.max_length, batch_size=self.batch_size,
+                             device=self.device, verbose=self.verbose)
+
+    def batch(self, texts: List[str], k: int, side: str):
+        """Input tensors for ``texts``: ``(input_ids, attention_mask, mask_positions (B, k), content ids per text)``."""
+        import torch
+        tok = self.backbone.tokenizer
+        rows, positions, content = [], [], []
+        for text in texts:
+            text_ids = tok(text, add_special_tokens=False, truncation=True, max_length=self.max_length)['input_ids']
+            ids, pos = layout(tok, text_ids, k, side, tok.mask_token_id)
+            rows.append(ids)
+            positions.append(pos)
+            content.append(content_token_ids(tok, text_ids))
+        width = max(len(r) for r in rows)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            input_ids[i, :len(r)] = torch.tensor(r)
+            attention[i, :len(r)] = 1
+        return input_ids.to(self.device), attention.to(self.device), torch.tensor(positions, device=self.device), content
+
+    def represent(self, input_ids, attention_mask, positions):
+        """Hidden states ``(B, k, d)`` and logits ``(B, k, V)`` at the mask positions, after ``steps`` passes."""
+        import torch
+        input_ids = input_ids.clone()
+        rows = torch.arange(len(input_ids), device=input_ids.device)[:, None]
+        k = positions.shape[1]
+        per_step = -(-k // self.steps)
+        masked = torch.ones_like(positions, dtype=torch.bool)
+        for step in range(self.steps):
+            hidden, logits = self.backbone.forward(input_ids, attention_mask)
+            hidden, logits = hidden[rows, positions], logits[rows, positions]
+            if step == self.steps - 1:
+                return hidden, logits
+            confidence, tokens = logits.softmax(-1).max(-1)
+            confidence = confidence.masked_fill(~masked, -1.)
+            chosen = confidence.topk(min(per_step, k), dim=1).indices
+            chosen_mask = torch.zeros_like(masked).scatter_(1, chosen, True) & masked
+            input_ids[rows.expand_as(positions)[chosen_mask], positions[chosen_mask]] = tokens[chosen_mask]
+            masked &= ~chosen_mask
+
+    def encode(self, texts: List[str], side: str):
+        """``(embs, toks)`` per text: ``(k, d)`` float32 normalised arrays and ``{word: weight}`` dicts."""
+        import torch
+        k = self.k_query if side == 'query' else self.k_doc
+        embs, toks = [], []
+        starts = range(0, len(texts), self.batch_size)
+        if self.verbose:
+            starts = pt.tqdm(starts, desc=f'DiffRetriever {side}s', unit='batch')
+        with torch.no_grad():
+            for start in starts:
+                input_ids, attention, positions, content = self.batch(texts[start:start + self.batch_size], k, side)
+                hidden, logits = self.represent(input_ids, attention, positions)
+                hidden = torch.nn.functional.normalize(hidden.float(), dim=-1).cpu().numpy()
+                weights = sparse_weights(logits.float()).cpu().numpy()
+                for h, w, allowed in zip(hidden, weights, content):
+                    embs.append(h.astype(np.float32))
+                    toks.append(to_toks(self.backbone.tokenizer, w, allowed))
+        return embs, toks
+
+    def query_encoder(self) -> pt.Transformer:
+        """Adds ``query_embs`` and ``query_toks`` to a frame of queries."""
+        return _Encoder(self, 'query')
+
+    def doc_encoder(self) -> pt.Transformer:
+        """Adds ``doc_embs`` and ``toks`` to a frame of documents."""
+        return _Encoder(self, 'doc')
+
+    def __repr__(self):
+        return (f'DiffRetriever({type(self.backbone.model).__name__}, k_query={self.k_query}, k_doc={self.k_doc}, '
+                f'steps={self.steps})')
+
+
+class _Encoder(pt.Transformer):
+    """Query or document side of an encoder that has ``encode(texts, side) -> (embs, toks)``."""
+    _COLUMNS = {'query': ('query', 'query_embs', 'query_toks'), 'doc': ('text', 'doc_embs', 'toks')}
+
+    def __init__(self, encoder, side: str):
+        self.encoder, self.side = encoder, side
+        self.schematic = {'label': f'{type(encoder).__name__} {side}'}
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        text, embs_col, toks_col = self._COLUMNS[self.side]
+        pt.validate.columns(inp, includes=[text])
+        if len(inp) == 0:
+            return inp.assign(**{embs_col: pd.Series(dtype=object), toks_col: pd.Series(dtype=object)})
+        embs, toks = self.encoder.encode(inp[text].tolist(), self.side)
+        return inp.assign(**{embs_col: embs, toks_col: toks})
+
+    def __eq__(self, other):
+        return isinstance(other, _Encoder) and other.encoder is self.encoder and other.side == self.side
+
+    def __hash__(self):
+        return hash((id(self.encoder), self.side))
+
+    def __repr__(self):
+        return f'{self.encoder!r}.{self.side}_encoder()'

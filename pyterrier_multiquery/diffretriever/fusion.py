@@ -1,0 +1,55 @@
+"""Hybrid retrieval: a weighted sum of per-query min-max normalised scores of two retrievers."""
+import pandas as pd
+import pyterrier as pt
+
+
+def min_max(scores: pd.Series) -> pd.Series:
+    """``(s - min) / (max - min)`` within one list; all ones when every score is equal."""
+    low, high = scores.min(), scores.max()
+    if high == low:
+        return pd.Series(1., index=scores.index)
+    return (scores - low) / (high - low)
+
+
+class HybridRetriever(pt.Transformer):
+    """Runs ``first`` and ``second`` on the same queries, keeps each one's top ``num_results``, min-max normalises
+    each list per query and scores ``weight * first + (1 - weight) * second`` (a document missing from one list
+    counts 0 on that side). DiffRetriever's hybrid is dense MaxSim and sparse with ``weight=0.5``."""
+    schematic = {'label': 'Hybrid'}
+
+    def __init__(self, first: pt.Transformer, second: pt.Transformer, *, weight: float = 0.5, num_results: int = 1000):
+        if not 0. <= weight <= 1.:
+            raise ValueError(f'weight must be in [0, 1], got {weight}')
+        self.first, self.second, self.weight, self.num_results = first, second, weight, num_results
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        pt.validate.query_frame(inp)
+        query_cols = [c for c in inp.columns if c in ('qid', 'query')]
+        sides = []
+        for retriever, name in ((self.first, 'first'), (self.second, 'second')):
+            res = retriever(inp)
+            res = res[res['rank'] < self.num_results] if 'rank' in res.columns else res
+            res = res.assign(**{name: res.groupby('qid')['score'].transform(min_max)})
+            sides.append(res[['qid', 'docno', name]])
+        merged = sides[0].merge(sides[1], on=['qid', 'docno'], how='outer').fillna({'first': 0., 'second': 0.})
+        merged['score'] = self.weight * merged['first'] + (1 - self.weight) * merged['second']
+        merged = merged.drop(columns=['first', 'second']).merge(inp[query_cols].drop_duplicates('qid'), on='qid')
+        merged = merged.sort_values(['qid', 'score', 'docno'], ascending=[True, False, True], kind='stable')
+        merged = merged.groupby('qid', sort=False).head(self.num_results).reset_index(drop=True)
+        merged['rank'] = merged.groupby('qid', sort=False).cumcount()
+        return merged[query_cols + ['docno', 'score', 'rank']]
+
+    def fuse_rank_cutoff(self, k: int):
+        if k < self.num_results:
+            return HybridRetriever(self.first, self.second, weight=self.weight, num_results=k)
+        return None
+
+    def __eq__(self, other):
+        return isinstance(other, HybridRetriever) and (other.first, other.second, other.weight, other.num_results) == \
+            (self.first, self.second, self.weight, self.num_results)
+
+    def __hash__(self):
+        return hash((HybridRetriever, self.first, self.second, self.weight, self.num_results))
+
+    def __repr__(self):
+        return f'HybridRetriever({self.first!r}, {self.second!r}, weight={self.weight}, num_results={self.num_results})'

@@ -1,0 +1,47 @@
+"""Sparse representations from vocabulary logits: log(1 + ReLU) max-pooled over positions, on content words."""
+from typing import Dict, List
+
+import numpy as np
+
+
+def sparse_weights(logits):
+    """``max_positions log(1 + ReLU(logits))``: ``(..., K, V)`` logits to ``(..., V)`` weights (torch)."""
+    import torch
+    return torch.log1p(torch.relu(logits)).amax(dim=-2)
+
+
+def content_token_ids(tokenizer, ids: List[int]) -> List[int]:
+    """The distinct ids among ``ids`` that are content words: whole-word tokens (no ``##`` continuation, and for
+    tokenizers marking word starts with ``Ġ``/``▁``, only those), alphabetic, longer than one character and not
+    English stopwords (scikit-learn's list, as :func:`pyterrier_multiquery.cdp.content_words`)."""
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+    marks_starts = _marks_word_starts(tokenizer)
+    keep = []
+    for tid, tok in zip(ids, tokenizer.convert_ids_to_tokens(list(ids))):
+        if tok is None or tok.startswith('##'):
+            continue
+        if marks_starts:
+            if tok[:1] not in ('Ġ', '▁'):
+                continue
+            tok = tok[1:]
+        word = tok.lower()
+        if len(word) > 1 and word.isalpha() and word not in ENGLISH_STOP_WORDS and tid not in keep:
+            keep.append(tid)
+    return keep
+
+
+def to_toks(tokenizer, weights: np.ndarray, allowed: List[int]) -> Dict[str, float]:
+    """The positive weights of the ``allowed`` token ids as a ``{word: weight}`` dict (pyterrier_pisa's ``toks``)."""
+    words = tokenizer.convert_ids_to_tokens(list(allowed))
+    return {_word(w): float(weights[t]) for t, w in zip(allowed, words) if weights[t] > 0}
+
+
+def _word(token: str) -> str:
+    return token.lstrip('Ġ▁').lower()
+
+
+def _marks_word_starts(tokenizer) -> bool:
+    tokens = tokenizer.convert_ids_to_tokens(tokenizer(' retrieval of words', add_special_tokens=False)['input_ids'])
+    return any(t.startswith(('Ġ', '▁')) for t in tokens)
+
+
