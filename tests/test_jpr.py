@@ -80,13 +80,14 @@ def test_tree_decode_on_a_hand_worked_table():
 
 
 def brute_force_tree(log_probs, n, k, beta):
-    """The same objective searched by enumerating every sequence whose parent is in the tree."""
+    """The same objective searched by enumerating every sequence whose parent is in the tree and whose last
+    passage is not output yet."""
     tree, output = {()}, []
     while len(output) < k:
         options = []
         for length in range(1, n + 1):
             for sequence in itertools.permutations(range(n), length):
-                if sequence[:-1] in tree and sequence not in tree:
+                if sequence[:-1] in tree and sequence[-1] not in output:
                     value = length_penalty(length, beta) * log_probs(sequence[:-1])[sequence[-1]]
                     if np.isfinite(value):
                         options.append((-value, length, sequence))
@@ -94,8 +95,7 @@ def brute_force_tree(log_probs, n, k, beta):
             break
         _, _, best = min(options, key=lambda o: o[0])
         tree.add(best)
-        if best[-1] not in output:
-            output.append(best[-1])
+        output.append(best[-1])
     return output, max(len(s) for s in tree)
 
 

@@ -4,6 +4,7 @@ A decoder gets ``log_probs(prefix)``, the log-probabilities over all candidates 
 chosen (a tuple of indexes; chosen ones at ``-inf``), so the same code runs on a trained model or on a
 hand-written table.
 """
+import heapq
 from typing import Callable, List, NamedTuple, Tuple
 
 import numpy as np
@@ -43,32 +44,35 @@ def seq_decode(log_probs: LogProbs, k: int) -> Decoded:
 def tree_decode(log_probs: LogProbs, k: int, beta: float) -> Decoded:
     """TreeDecode (the JPR paper's Algorithm 1).
 
-    The tree starts with the empty sequence. Each step scores every (node s, passage p not in s) that is not
-    a node yet by ``l(|s| + 1) * log P(p | s)``, adds the best s + p to the tree, and appends p to the output
-    unless it is there already, until ``k`` passages are output. A large ``beta`` keeps the tree one level deep
-    (the independent top-k); ``beta = 0`` follows the sequence while its next passage stays the most probable.
+    The tree starts with the empty sequence. Each step takes, over every node s and every passage p that is in
+    neither s nor the output, the pair with the best ``l(|s| + 1) * log P(p | s)``, adds s + p to the tree and p
+    to the output, until ``k`` passages are output. A large ``beta`` keeps the tree one level deep (the
+    independent top-k); ``beta = 0`` follows one sequence while its next passage stays the most probable. Passages
+    already output are not expanded again, so a ranking costs ``k`` calls of ``log_probs``; ties go to the
+    earlier node, then the lower index.
 
     Returns:
         The output passages and the tree's depth (its longest sequence).
     """
-    nodes = {(): log_probs(())}
-    k = min(k, int(np.isfinite(nodes[()]).sum()))
+    root = log_probs(())
+    k = min(k, int(np.isfinite(root).sum()))
+    frontier: List[Tuple[float, int, int, Tuple[int, ...]]] = []   # (-value, node order, passage, node)
+
+    def expand(prefix: Tuple[int, ...], scores: np.ndarray, order: int) -> None:
+        weight = length_penalty(len(prefix) + 1, beta)
+        for p in np.flatnonzero(np.isfinite(scores)):
+            heapq.heappush(frontier, (-weight * float(scores[p]), order, int(p), prefix))
+
+    expand((), root, 0)
     output: List[int] = []
     depth = 0
-    while len(output) < k:
-        best, best_value = None, -np.inf
-        for prefix, scores in nodes.items():
-            weight = length_penalty(len(prefix) + 1, beta)
-            for p in np.flatnonzero(np.isfinite(scores)):
-                child = prefix + (int(p),)
-                value = weight * scores[p]
-                if child not in nodes and value > best_value:
-                    best, best_value = child, value
-        if best is None:
-            break
-        depth = max(depth, len(best))
-        if best[-1] not in output:
-            output.append(best[-1])
+    while len(output) < k and frontier:
+        _, _, passage, prefix = heapq.heappop(frontier)
+        if passage in output:
+            continue
+        output.append(passage)
+        node = prefix + (passage,)
+        depth = max(depth, len(node))
         if len(output) < k:
-            nodes[best] = log_probs(best)
+            expand(node, log_probs(node), len(output))
     return Decoded(output, depth)
