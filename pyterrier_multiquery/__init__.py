@@ -3,7 +3,7 @@
 Attributes load on first use, so that ``import pyterrier_multiquery`` stays cheap: torch, transformers,
 faiss and pyterrier_dr are imported only by the classes that need them.
 """
-import importlib
+from pyterrier_multiquery._lazy import lazy_getattr
 
 __version__ = '0.1.0'
 
@@ -54,12 +54,7 @@ _ATTRIBUTES = {
 __all__ = list(_ATTRIBUTES)
 
 
-def __getattr__(name):
-    if name not in _ATTRIBUTES:
-        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-    value = getattr(importlib.import_module(f'{__name__}.{_ATTRIBUTES[name]}'), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _ATTRIBUTES, globals())
 
 
 def __dir__():

@@ -2,7 +2,7 @@
 
 torch and transformers load only with the classes that need them.
 """
-import importlib
+from pyterrier_multiquery._lazy import lazy_getattr
 
 _ATTRIBUTES = {
     'AMER': 'model',
@@ -16,9 +16,4 @@ _ATTRIBUTES = {
 __all__ = list(_ATTRIBUTES)
 
 
-def __getattr__(name):
-    if name not in _ATTRIBUTES:
-        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-    value = getattr(importlib.import_module(f'{__name__}.{_ATTRIBUTES[name]}'), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _ATTRIBUTES, globals())

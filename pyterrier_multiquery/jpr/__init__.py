@@ -4,7 +4,7 @@ Modules: ``oracle`` (greedy answer cover, Gumbel top-k), ``decoding`` (SeqDecode
 (:class:`JPRModel`), ``training`` (:class:`JPRTrainer`), ``reranker`` (:class:`JPR`, :class:`IndepPR`).
 torch loads only with the model, trainer and rerankers.
 """
-import importlib
+from pyterrier_multiquery._lazy import lazy_getattr
 
 _ATTRIBUTES = {
     'greedy_answer_cover': 'oracle',
@@ -24,9 +24,4 @@ _ATTRIBUTES = {
 __all__ = list(_ATTRIBUTES)
 
 
-def __getattr__(name):
-    if name not in _ATTRIBUTES:
-        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-    value = getattr(importlib.import_module(f'{__name__}.{_ATTRIBUTES[name]}'), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _ATTRIBUTES, globals())
