@@ -1,10 +1,13 @@
 """AMER on the PyTerrier side: a query encoder writing ``query_embs``."""
 from pathlib import Path
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import numpy as np
 import pandas as pd
 import pyterrier as pt
+
+if TYPE_CHECKING:
+    from pyterrier_multiquery.amer.model import AMER
 
 
 class AMERQueryEncoder(pt.Transformer):
@@ -15,7 +18,7 @@ class AMERQueryEncoder(pt.Transformer):
     """
     schematic = {'label': 'AMER'}
 
-    def __init__(self, model: Union[str, Path, 'AMER'], *, num_vectors: Optional[int] = None,  # noqa: F821
+    def __init__(self, model: Union[str, Path, 'AMER'], *, num_vectors: Optional[int] = None,
                  batch_size: int = 32, device: Optional[str] = None, verbose: bool = False):
         """
         Args:

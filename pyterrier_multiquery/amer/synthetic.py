@@ -6,7 +6,7 @@ networks x -> GELU(W GELU(W x)) whose weight W is one of A, B, C, -B, -C, rotati
 in the Frobenius inner product. Inputs come from five distributions; the corpus holds every target plus random
 N(0, I) negatives.
 """
-from typing import Dict, List, NamedTuple, Tuple
+from typing import List, NamedTuple, Tuple
 
 import numpy as np
 

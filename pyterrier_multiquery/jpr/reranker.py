@@ -1,11 +1,14 @@
 """JPR and IndepPR as PyTerrier rerankers."""
 import zlib
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
 import pyterrier as pt
+
+if TYPE_CHECKING:
+    from pyterrier_multiquery.jpr.model import JPRModel
 
 from pyterrier_multiquery.jpr.decoding import Decoded, independent_decode, seq_decode, tree_decode
 
@@ -27,7 +30,7 @@ class JPR(pt.Transformer):
     """
     schematic = {'label': 'JPR'}
 
-    def __init__(self, model: Union[str, Path, 'JPRModel'], *, k: int = 10, num_candidates: int = 20,  # noqa: F821
+    def __init__(self, model: Union[str, Path, 'JPRModel'], *, k: int = 10, num_candidates: int = 20,
                  decode: str = 'tree', beta: float = 1.0, seed: int = 0, device: Optional[str] = None,
                  verbose: bool = False):
         """
