@@ -45,7 +45,8 @@ class AMERQueryEncoder(pt.Transformer):
         batches = range(0, len(queries), self.batch_size)
         if self.verbose:
             batches = pt.tqdm(batches, desc=repr(self), unit='batch')
-        embs = [self.model.encode(queries[b:b + self.batch_size], self.num_vectors) for b in batches]
+        embs = [self.model.encode(queries[b:b + self.batch_size], self.num_vectors, batch_size=self.batch_size)
+                for b in batches]
         embs = np.concatenate(embs) if embs else np.zeros((0, 1, self.model.doc_dim), dtype=np.float32)
         return inp.assign(query_embs=list(embs))
 
