@@ -32,18 +32,15 @@ def interpolate(query_vector: np.ndarray, fingerprint: np.ndarray, alpha: float)
     return normalise(alpha * query_vector + (1 - alpha) * fingerprint)
 
 
-def text_fingerprints(text: str, queries: Sequence[str], beta: float, rng: np.random.Generator) -> List[str]:
-    """QAE_txt's inputs: one text per generated query, the document followed by the queries in a fresh random
-    order, appended until the appended part is at least ``beta`` times the document's length (in characters)."""
-    texts = []
-    for _ in queries:
-        appended = ''
-        for j in rng.permutation(len(queries)):
-            appended += ' ' + queries[j]
-            if len(appended) >= beta * len(text):
-                break
-        texts.append(text + appended)
-    return texts
+def text_fingerprint(text: str, queries: Sequence[str], beta: float, rng: np.random.Generator) -> str:
+    """QAE_txt's input: the document followed by its generated queries in a random order, appended until the
+    appended part is at least ``beta`` times the document's length (in characters) or every query is used."""
+    appended = ''
+    for j in rng.permutation(len(queries)):
+        appended += ' ' + queries[j]
+        if len(appended) >= beta * len(text):
+            break
+    return text + appended
 
 
 class QAEncoder(pt.Transformer):
@@ -54,8 +51,8 @@ class QAEncoder(pt.Transformer):
 
     - ``'base'``: ``doc_vec = e_q``, the normalised mean of the query vectors.
     - ``'emb'``: ``doc_vec = norm(alpha * e_q + (1 - alpha) * e_d)``, with ``e_d`` the document vector.
-    - ``'txt'``: ``doc_vec = e_t``, the normalised mean of the vectors of the document text with queries
-      appended (:func:`text_fingerprints`, ``beta``).
+    - ``'txt'``: ``doc_vec = e_t``, the vector of the document text with generated queries appended
+      (:func:`text_fingerprint`, ``beta``).
     - ``'hyb'``: ``doc_vec = norm(alpha * e_q + (1 - alpha) * e_t)``.
     - ``'naive'`` (QA_naive): ``doc_embs`` holds every query vector, one row each (for a
       :class:`~pyterrier_multiquery.MultiVectorIndex`, scored by MaxSim); ``include_document`` adds ``e_d``.
@@ -123,7 +120,7 @@ class QAEncoder(pt.Transformer):
             out['doc_embs'] = [r.astype(np.float32) for r in rows]
             return out
         if self.method == 'txt':
-            vectors = self.text_means(inp['docno'], inp['text'], queries)
+            vectors = self.text_vectors(inp['docno'], inp['text'], queries)
         else:
             means = np.stack([query_mean(q) for q in self.query_vectors(queries)])
             if self.method == 'base':
@@ -131,7 +128,7 @@ class QAEncoder(pt.Transformer):
             elif self.method == 'emb':
                 vectors = interpolate(means, normalise(self.encoder.encode_docs(list(inp['text']))), self.alpha)
             else:
-                vectors = interpolate(means, self.text_means(inp['docno'], inp['text'], queries), self.alpha)
+                vectors = interpolate(means, self.text_vectors(inp['docno'], inp['text'], queries), self.alpha)
         out['doc_vec'] = list(vectors.astype(np.float32))
         return out
 
@@ -140,12 +137,11 @@ class QAEncoder(pt.Transformer):
         vectors = normalise(self.encoder.encode_queries(sum(queries, [])))
         return np.split(vectors, np.cumsum([len(q) for q in queries])[:-1])
 
-    def text_means(self, docnos: Iterable[str], texts: Iterable[str], queries: List[List[str]]) -> np.ndarray:
-        """QAE_txt's vectors: per document, the normalised mean of its :func:`text_fingerprints`' vectors."""
-        inputs = [text_fingerprints(text, q, self.beta, np.random.default_rng([self.seed, zlib.crc32(str(docno).encode())]))
+    def text_vectors(self, docnos: Iterable[str], texts: Iterable[str], queries: List[List[str]]) -> np.ndarray:
+        """QAE_txt's vectors: the normalised vector of each document's :func:`text_fingerprint`."""
+        inputs = [text_fingerprint(text, q, self.beta, np.random.default_rng([self.seed, zlib.crc32(str(docno).encode())]))
                   for docno, text, q in zip(docnos, texts, queries)]
-        vectors = np.split(normalise(self.encoder.encode_docs(sum(inputs, []))), np.cumsum([len(i) for i in inputs])[:-1])
-        return np.stack([normalise(v.mean(axis=0)) for v in vectors])
+        return normalise(self.encoder.encode_docs(inputs))
 
 
 def grid_search(encoder: pt.Transformer, documents: pd.DataFrame, topics: pd.DataFrame, qrels: pd.DataFrame, *,
@@ -180,7 +176,7 @@ def grid_search(encoder: pt.Transformer, documents: pd.DataFrame, topics: pd.Dat
     if method == 'emb':
         fingerprints = {None: normalise(encoder.encode_docs(list(documents['text'])))}
     else:
-        fingerprints = {beta: QAEncoder(encoder, 'txt', beta=beta, seed=seed).text_means(documents['docno'], documents['text'], queries)
+        fingerprints = {beta: QAEncoder(encoder, 'txt', beta=beta, seed=seed).text_vectors(documents['docno'], documents['text'], queries)
                         for beta in pt.tqdm(betas, desc='QAE_txt fingerprints', unit='beta')}
     means = np.stack([query_mean(q) for q in qae.query_vectors(queries)]) if method != 'txt' else None
     rows = []

@@ -2,7 +2,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pyterrier_multiquery.qaencoder import QAEncoder, grid_search, text_fingerprints
+from pyterrier_multiquery.qaencoder import QAEncoder, grid_search, text_fingerprint
 
 
 class BagOfWords:
@@ -61,7 +61,7 @@ def test_emb_interpolates_the_query_mean_with_the_document_vector(docs):
 
 
 def test_txt_with_a_large_beta_appends_every_query(docs):
-    # beta large: each of the M concatenations holds all queries (in some order); word counts ignore the order
+    # beta large: the concatenation holds all queries (in some order); word counts ignore the order
     out = QAEncoder(BagOfWords(VOCAB), 'txt', beta=100)(docs)
     np.testing.assert_allclose(out['doc_vec'][0], unit([1, 2, 3, 0, 0, 1, 1]), atol=1e-6)
     np.testing.assert_allclose(out['doc_vec'][1], unit([0, 0, 0, 2, 1, 1, 0]), atol=1e-6)
@@ -73,21 +73,23 @@ def test_hyb_interpolates_the_query_mean_with_the_text_fingerprint(docs):
     np.testing.assert_allclose(out['doc_vec'][1], expected, atol=1e-6)
 
 
-def test_text_fingerprints_stop_at_beta_times_the_document_length():
+def test_text_fingerprint_stops_at_beta_times_the_document_length():
     rng = np.random.default_rng(0)
     text = 'x' * 20
     queries = ['a' * 4, 'b' * 9, 'c' * 14]
     for beta in (0.0, 0.5, 1.0, 3.0):
-        texts = text_fingerprints(text, queries, beta, rng)
-        assert len(texts) == len(queries)
-        for t in texts:
-            appended = t[len(text):].split(' ')[1:]
+        for _ in range(5):
+            fingerprint = text_fingerprint(text, queries, beta, rng)
+            assert fingerprint.startswith(text)
+            appended = fingerprint[len(text):].split(' ')[1:]
             assert len(set(appended)) == len(appended)  # no query twice
             total = sum(len(q) + 1 for q in appended)
             # long enough, or every query used; and one query fewer would have been too short (at least one is
             # always appended)
             assert total >= beta * len(text) or len(appended) == len(queries)
             assert len(appended) == 1 or total - len(appended[-1]) - 1 < beta * len(text)
+    # beta 3: 60 characters are never reached (only 30 appended), so every query is appended
+    assert sorted(text_fingerprint(text, queries, 3.0, rng)[len(text) + 1:].split(' ')) == sorted(queries)
 
 
 def test_txt_is_reproducible_per_document_whatever_the_batch(docs):
