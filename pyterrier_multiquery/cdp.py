@@ -2,7 +2,7 @@
 whether diverse synthetic queries help a dense retriever."""
 import itertools
 import re
-from typing import Iterable, Optional, Sequence, Set
+from typing import Dict, Iterable, Optional, Sequence, Set
 
 import numpy as np
 
@@ -69,10 +69,54 @@ def paraphrase_ratio(queries: Sequence[str], *, cross_encoder=None, encoder=None
         scores = np.asarray(cross_encoder.predict([(queries[i], queries[j]) for i, j in pairs]), dtype=float)
         threshold = 0.5 if threshold is None else threshold
     elif encoder is not None:
-        vectors = np.asarray(encoder.encode_queries(list(queries)), dtype=float)
-        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        from pyterrier_multiquery.qaencoder import normalise
+        vectors = normalise(np.asarray(encoder.encode_queries(list(queries)), dtype=float))
         scores = np.array([vectors[i] @ vectors[j] for i, j in pairs])
         threshold = 0.9 if threshold is None else threshold
     else:
         raise ValueError('paraphrase_ratio needs a cross_encoder or an encoder')
     return float(np.mean(scores >= threshold))
+
+
+def dist_sim(synthetic_vectors: np.ndarray, real_vectors: np.ndarray) -> float:
+    """Dist-Sim: how close synthetic queries lie to real ones in an encoder's space, as the cosine similarity of the
+    centroids of their L2-normalised vectors (rows), in [-1, 1].
+
+    The paper's exact formula was not available here; this is the project's definition of the quality metric it
+    names (distribution similarity to the target queries).
+    """
+    from pyterrier_multiquery.qaencoder import normalise
+    centroids = [normalise(np.asarray(v, dtype=float)).mean(axis=0) for v in (synthetic_vectors, real_vectors)]
+    return float(normalise(centroids[0]) @ normalise(centroids[1]))
+
+
+def len_sim(synthetic: Sequence[str], real: Sequence[str]) -> float:
+    """Len-Sim: the overlap of the word-count distributions of synthetic and real queries (histogram intersection,
+    the sum over lengths of the smaller of the two frequencies), in [0, 1]; 1 when the distributions are equal.
+
+    The paper's exact formula was not available here; this is the project's definition of the metric it names.
+    """
+    if not synthetic or not real:
+        raise ValueError('len_sim needs at least one synthetic and one real query')
+    lengths = [np.bincount([len(q.split()) for q in queries]) for queries in (synthetic, real)]
+    size = max(len(l) for l in lengths)
+    frequencies = [np.pad(l, (0, size - len(l))) / l.sum() for l in lengths]
+    return float(np.minimum(*frequencies).sum())
+
+
+def complexity_regression(cw: Sequence[float], benefit: Sequence[float]) -> Dict[str, float]:
+    """The least-squares line of diversity benefit (diverse minus paraphrase effectiveness) on query complexity (CW),
+    as in the paper's regression over its (dataset, condition) points.
+
+    Returns:
+        ``r`` and ``p`` (Pearson), ``slope``, ``intercept``, and ``threshold``: the CW at which the fitted benefit
+        is zero (below it diversity is predicted to hurt when the slope is positive).
+    """
+    from scipy.stats import linregress
+    if len(cw) != len(benefit) or len(cw) < 3:
+        raise ValueError(f'complexity_regression needs at least three paired values, got {len(cw)} and {len(benefit)}')
+    fit = linregress(np.asarray(cw, dtype=float), np.asarray(benefit, dtype=float))
+    threshold = -fit.intercept / fit.slope if fit.slope else float('nan')
+    return {'r': float(fit.rvalue), 'p': float(fit.pvalue), 'slope': float(fit.slope),
+            'intercept': float(fit.intercept), 'threshold': float(threshold)}
+

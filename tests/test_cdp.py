@@ -4,7 +4,8 @@ import pytest
 
 import numpy as np
 
-from pyterrier_multiquery.cdp import content_word_count, content_words, diversity_advice, paraphrase_ratio, self_bleu
+from pyterrier_multiquery.cdp import (complexity_regression, content_word_count, content_words, dist_sim,
+                                     diversity_advice, len_sim, paraphrase_ratio, self_bleu)
 
 
 def test_content_words_on_hand_counted_queries():
@@ -65,3 +66,37 @@ def test_paraphrase_ratio_counts_pairs():
     assert math.isnan(paraphrase_ratio(['a'], encoder=encoder))
     with pytest.raises(ValueError, match='cross_encoder or an encoder'):
         paraphrase_ratio(queries)
+
+
+def test_dist_sim_is_the_cosine_of_the_centroids():
+    synthetic = np.array([[3.0, 0.0], [0.0, 2.0]])  # normalised: (1, 0) and (0, 1); centroid (0.5, 0.5)
+    real = np.array([[1.0, 0.0]])
+    assert dist_sim(synthetic, real) == pytest.approx(1 / math.sqrt(2))
+    assert dist_sim(real * 5, real) == pytest.approx(1.0)
+    assert dist_sim(np.array([[0.0, 1.0]]), real) == pytest.approx(0.0)
+
+
+def test_len_sim_is_the_overlap_of_the_length_histograms():
+    # synthetic lengths 2, 2, 4 -> {2: 2/3, 4: 1/3}; real lengths 2, 3 -> {2: 1/2, 3: 1/2}; overlap min(2/3, 1/2)
+    assert len_sim(['a b', 'c d', 'e f g h'], ['a b', 'c d e']) == pytest.approx(0.5)
+    assert len_sim(['a b', 'c d'], ['x y']) == pytest.approx(1.0)
+    assert len_sim(['a'], ['a b']) == 0.0
+    with pytest.raises(ValueError, match='at least one'):
+        len_sim([], ['a'])
+
+
+def test_complexity_regression_by_hand_and_against_numpy():
+    # benefit = 0.5 CW - 3.5 exactly: r = 1 and the benefit is zero at CW 7
+    fit = complexity_regression([5, 10, 15], [-1.0, 1.5, 4.0])
+    assert fit['slope'] == pytest.approx(0.5) and fit['intercept'] == pytest.approx(-3.5)
+    assert fit['r'] == pytest.approx(1.0) and fit['threshold'] == pytest.approx(7.0)
+    rng = np.random.default_rng(0)
+    cw = rng.uniform(3, 15, 20)
+    benefit = 0.4 * cw - 3 + rng.normal(0, 1, 20)
+    fit = complexity_regression(cw, benefit)
+    slope, intercept = np.polyfit(cw, benefit, 1)
+    assert fit['slope'] == pytest.approx(slope) and fit['threshold'] == pytest.approx(-intercept / slope)
+    assert fit['r'] == pytest.approx(np.corrcoef(cw, benefit)[0, 1])
+    assert 0 < fit['p'] < 0.05
+    with pytest.raises(ValueError, match='three'):
+        complexity_regression([1, 2], [1, 2])
