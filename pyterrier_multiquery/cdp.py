@@ -120,3 +120,27 @@ def complexity_regression(cw: Sequence[float], benefit: Sequence[float]) -> Dict
     return {'r': float(fit.rvalue), 'p': float(fit.pvalue), 'slope': float(fit.slope),
             'intercept': float(fit.intercept), 'threshold': float(threshold)}
 
+
+
+def condition_correlations(table, *, condition: str = 'condition', cw: str = 'CW', benefit: str = 'benefit'):
+    """Per condition (a model and training setting, say), the Pearson correlation between the CW of its datasets and
+    the diversity benefit measured on them, as the paper reports it per condition.
+
+    Args:
+        table: A pandas frame with one row per (condition, dataset): ``condition``, ``cw`` and ``benefit`` columns.
+
+    Returns:
+        A frame indexed by condition with ``r``, ``p`` and ``datasets``.
+    """
+    import pandas as pd
+    from scipy.stats import pearsonr
+    missing = {condition, cw, benefit} - set(table.columns)
+    if missing:
+        raise ValueError(f'condition_correlations needs columns {sorted(missing)}')
+    rows = {}
+    for name, part in table.groupby(condition, sort=False):
+        if len(part) < 3:
+            raise ValueError(f'condition {name!r} has {len(part)} datasets; a correlation needs at least three')
+        fit = pearsonr(part[cw].astype(float), part[benefit].astype(float))
+        rows[name] = {'r': float(fit.statistic), 'p': float(fit.pvalue), 'datasets': len(part)}
+    return pd.DataFrame.from_dict(rows, orient='index')

@@ -4,8 +4,8 @@ import pytest
 
 import numpy as np
 
-from pyterrier_multiquery.cdp import (complexity_regression, content_word_count, content_words, dist_sim,
-                                     diversity_advice, len_sim, paraphrase_ratio, self_bleu)
+from pyterrier_multiquery.cdp import (complexity_regression, condition_correlations, content_word_count,
+                                     content_words, dist_sim, diversity_advice, len_sim, paraphrase_ratio, self_bleu)
 
 
 def test_content_words_on_hand_counted_queries():
@@ -100,3 +100,18 @@ def test_complexity_regression_by_hand_and_against_numpy():
     assert 0 < fit['p'] < 0.05
     with pytest.raises(ValueError, match='three'):
         complexity_regression([1, 2], [1, 2])
+
+
+def test_condition_correlations_per_condition():
+    import pandas as pd
+    table = pd.DataFrame({'condition': ['a'] * 4 + ['b'] * 3,
+                          'CW': [4, 7, 9, 12, 4, 7, 9],
+                          'benefit': [-2.0, 0.0, 1.0, 3.0, 1.0, 0.5, -1.0]})
+    out = condition_correlations(table)
+    assert list(out.index) == ['a', 'b'] and list(out['datasets']) == [4, 3]
+    assert out.loc['a', 'r'] == pytest.approx(np.corrcoef([4, 7, 9, 12], [-2, 0, 1, 3])[0, 1])
+    assert out.loc['b', 'r'] == pytest.approx(np.corrcoef([4, 7, 9], [1, 0.5, -1])[0, 1]) and out.loc['b', 'r'] < 0
+    with pytest.raises(ValueError, match='benefit'):
+        condition_correlations(table.drop(columns=['benefit']))
+    with pytest.raises(ValueError, match='at least three'):
+        condition_correlations(table.iloc[:6])
