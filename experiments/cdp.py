@@ -84,7 +84,8 @@ def qd_metrics(model, corpus, real_queries, encoder):
             rows.append({
                 'prompt': prompt, 'M': m, 'queries per document': np.mean([len(qs) for qs in queries]),
                 'Self-BLEU': np.mean([self_bleu(qs) for qs in several]) if several else np.nan,
-                'paraphrase ratio': np.mean([paraphrase_ratio(qs, encoder=encoder) for qs in several]) if several else np.nan,
+                'paraphrase ratio': (np.mean([paraphrase_ratio(qs, encoder=encoder) for qs in several])
+                                     if several else np.nan),
                 'Dist-Sim': dist_sim(encoder.encode_queries(pooled), real_vectors),
                 'Len-Sim': len_sim(pooled, real_queries), 'CW': content_word_count(pooled)})
     table = pd.DataFrame(rows)
@@ -150,12 +151,14 @@ def synthetic_training(model, corpus, args):
     setup = {'documents': len(docs), 'judged_documents': int(docs['docno'].isin(qrels['docno']).sum()),
              'pairs': pairs_used, 'epochs': 1, 'batch_size': 32, 'learning_rate': 2e-5, 'scale': 20,
              'train_max_seq_length': args.train_seq_length, 'seed': args.seed}
-    (RESULTS / 'cdp_training.json').write_text(json.dumps({'setup': setup, 'table': table.to_dict('records')}, indent=1))
+    (RESULTS / 'cdp_training.json').write_text(
+        json.dumps({'setup': setup, 'table': table.to_dict('records')}, indent=1))
     (RESULTS / 'cdp_training.md').write_text(
         f'# all-MiniLM-L6-v2 trained on synthetic SciFact pairs\n\n{len(docs)} documents ({setup["judged_documents"]} '
         f'judged for the 300 test queries); one epoch, batch 32, InfoNCE at scale 20; pairs: '
         + ', '.join(f'{k} {v}' for k, v in pairs_used.items())
-        + '. p-values against the untrained model (paired t-test).\n\n' + table.to_markdown(index=False, floatfmt='.4f') + '\n')
+        + '. p-values against the untrained model (paired t-test).\n\n'
+        + table.to_markdown(index=False, floatfmt='.4f') + '\n')
     return table
 
 

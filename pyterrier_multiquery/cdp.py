@@ -121,7 +121,6 @@ def complexity_regression(cw: Sequence[float], benefit: Sequence[float]) -> Dict
             'intercept': float(fit.intercept), 'threshold': float(threshold)}
 
 
-
 def condition_correlations(table, *, condition: str = 'condition', cw: str = 'CW', benefit: str = 'benefit'):
     """Per condition (a model and training setting, say), the Pearson correlation between the CW of its datasets and
     the diversity benefit measured on them, as the paper reports it per condition.

@@ -6,7 +6,7 @@ apart: QAE_emb interpolates with the document vector, QAE_txt encodes the docume
 queries appended, QAE_hyb does both.
 """
 import zlib
-from typing import Iterable, List, Optional, Sequence
+from typing import Iterable, List, Sequence
 
 import numpy as np
 import pandas as pd
@@ -139,8 +139,8 @@ class QAEncoder(pt.Transformer):
 
     def text_vectors(self, docnos: Iterable[str], texts: Iterable[str], queries: List[List[str]]) -> np.ndarray:
         """QAE_txt's vectors: the normalised vector of each document's :func:`text_fingerprint`."""
-        inputs = [text_fingerprint(text, q, self.beta, np.random.default_rng([self.seed, zlib.crc32(str(docno).encode())]))
-                  for docno, text, q in zip(docnos, texts, queries)]
+        rngs = (np.random.default_rng([self.seed, zlib.crc32(str(docno).encode())]) for docno in docnos)
+        inputs = [text_fingerprint(text, q, self.beta, rng) for rng, text, q in zip(rngs, texts, queries)]
         return normalise(self.encoder.encode_docs(inputs))
 
 
@@ -176,7 +176,8 @@ def grid_search(encoder: pt.Transformer, documents: pd.DataFrame, topics: pd.Dat
     if method == 'emb':
         fingerprints = {None: normalise(encoder.encode_docs(list(documents['text'])))}
     else:
-        fingerprints = {beta: QAEncoder(encoder, 'txt', beta=beta, seed=seed).text_vectors(documents['docno'], documents['text'], queries)
+        fingerprints = {beta: QAEncoder(encoder, 'txt', beta=beta, seed=seed).text_vectors(
+                            documents['docno'], documents['text'], queries)
                         for beta in pt.tqdm(betas, desc='QAE_txt fingerprints', unit='beta')}
     means = np.stack([query_mean(q) for q in qae.query_vectors(queries)]) if method != 'txt' else None
     rows = []
