@@ -13,8 +13,7 @@
    judged for the test queries plus random others, ``--train-docs`` in all): training pairs come from their
    queries and retrieval searches them. Writes ``results/cdp_training.{json,md}``.
 
-Queries come from the cache ``experiments/generate_queries.py`` fills (committed; nothing is generated when it is
-complete).
+Queries come from the cache ``experiments/generate_queries.py`` fills (nothing is generated when it is complete).
 """
 import argparse
 import json

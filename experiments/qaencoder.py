@@ -4,7 +4,7 @@ chosen on a dev split.
     python experiments/qaencoder.py [--dev-queries 100]
 
 The whole SciFact corpus (5,183 documents), each with the 5W1H queries SmolLM2-135M-Instruct wrote for it
-(``experiments/generate_queries.py``: five asked for, greedy; generated on an H100 and read from the committed
+(``experiments/generate_queries.py``: five asked for, greedy; generated on an H100 and read from its
 cache). Dev queries are a fixed sample of SciFact's train queries; the table is on the 300 test queries. Writes
 ``experiments/results/qaencoder.{json,md}``.
 """
