@@ -114,11 +114,12 @@ class JPRTrainer:
         prior = None
         if self.mode == 'dynamic_oracle':
             with torch.no_grad():
-                prior = self.model(memory, torch.zeros(len(batch), 0, dtype=torch.long), mask)[:, 0].cpu().numpy()
+                empty = torch.zeros(len(batch), 0, dtype=torch.long, device=memory.device)
+                prior = self.model(memory, empty, mask)[:, 0].cpu().numpy()
         prefixes, targets = zip(*[self.targets(a, None if prior is None else prior[b]) for b, a in enumerate(answers)])
         steps = max(len(p) for p in prefixes)
-        prefix = torch.full((len(batch), steps), -1, dtype=torch.long)
-        target = torch.zeros(len(batch), steps + 1, memory.shape[1], dtype=torch.bool)
+        prefix = torch.full((len(batch), steps), -1, dtype=torch.long, device=memory.device)
+        target = torch.zeros(len(batch), steps + 1, memory.shape[1], dtype=torch.bool, device=memory.device)
         for b, (p, t) in enumerate(zip(prefixes, targets)):
             prefix[b, :len(p)] = torch.tensor(p, dtype=torch.long)
             for step, positives in enumerate(t):
