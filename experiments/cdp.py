@@ -27,6 +27,7 @@ import pandas as pd
 from ir_measures import R, nDCG
 
 from pyterrier_multiquery import load_dataset, minilm
+from pyterrier_multiquery.baselines import flex_index
 from pyterrier_multiquery.cdp import (AVOID_DIVERSITY_BELOW, USE_DIVERSITY_ABOVE, content_word_count, content_words,
                                       dist_sim, diversity_advice, len_sim, paraphrase_ratio, self_bleu)
 from pyterrier_multiquery.experiment import default_data_dir, run_experiment
@@ -118,9 +119,8 @@ def training_subset(corpus, test_qrels, size, seed):
 
 
 def dense_system(encoder, docs, path):
-    from pyterrier_dr import FlexIndex
-    index = FlexIndex(str(path))
-    index.indexer().index(encoder.doc_encoder()(docs[['docno', 'text']]).to_dict('records'))
+    """``encoder`` searching ``docs`` exhaustively (a FlexIndex built at ``path``)."""
+    index = flex_index(path, encoder, lambda: docs[['docno', 'text']].to_dict('records'))
     return encoder.query_encoder() >> index.np_retriever(num_results=100)
 
 
