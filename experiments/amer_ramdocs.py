@@ -27,7 +27,8 @@ from pyterrier_multiquery.amer import AMER, AMERQueryEncoder, AMERTrainer
 from pyterrier_multiquery.analysis import low_similarity_subset, paired_bootstrap, target_distances
 from pyterrier_multiquery.baselines import MMR
 from pyterrier_multiquery.datasets import load_dataset
-from pyterrier_multiquery.experiment import cache_dir_for, default_data_dir, minilm_dense, minilm_multivector_index
+from pyterrier_multiquery.experiment import cache_dir_for, default_data_dir
+from pyterrier_multiquery.systems import minilm_dense, minilm_multivector_index
 from pyterrier_multiquery.generation import HuggingFaceGenerator, KeywordExpansion
 from pyterrier_multiquery.generation.huggingface import smollm2_checkpoint
 from pyterrier_multiquery.measures import MRecall

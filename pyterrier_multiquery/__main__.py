@@ -24,8 +24,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from pyterrier_multiquery.datasets import load_dataset
-    from pyterrier_multiquery.experiment import (amer_system, baseline_systems, cache_dir_for, default_data_dir,
-                                                 jpr_system, run_experiment)
+    from pyterrier_multiquery.experiment import cache_dir_for, default_data_dir, run_experiment
+    from pyterrier_multiquery.systems import amer_system, baseline_systems, jpr_system
 
     spec = args.dataset
     if spec is None:

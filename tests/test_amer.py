@@ -217,7 +217,7 @@ def test_main_job_runs_amer_from_a_saved_model(tiny_llama, tmp_path):
     from pyterrier_multiquery.__main__ import main
     from pyterrier_multiquery.amer import AMER
     from pyterrier_multiquery.datasets import load_dataset
-    from pyterrier_multiquery.experiment import amer_system
+    from pyterrier_multiquery.systems import amer_system
     folder = tmp_path / 'beir'
     (folder / 'qrels').mkdir(parents=True)
     texts = ['who won the cup', 'the cup in year', 'which city', 'the year of the city']

@@ -306,7 +306,7 @@ def test_reranker_errors_and_empty_input(tiny_bert):
 def test_main_job_runs_jpr_from_a_saved_model(tiny_bert, tmp_path):
     from pyterrier_multiquery.__main__ import main
     from pyterrier_multiquery.datasets import load_dataset
-    from pyterrier_multiquery.experiment import jpr_system, minilm_dense
+    from pyterrier_multiquery.systems import jpr_system, minilm_dense
     folder = tmp_path / 'beir'
     (folder / 'qrels').mkdir(parents=True)
     texts = ['brazil won the cup', 'france won the cup', 'italy won the cup', 'spain in year', 'the year']

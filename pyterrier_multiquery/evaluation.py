@@ -1,0 +1,135 @@
+"""Evaluation on top of ir_measures: per-query frames, cross-validation folds, paired tests over subsets, reports.
+
+An experiment runs its systems (per fold, if it cross-validates), concatenates each system's runs, and hands them
+to :func:`per_query` and :func:`compare`; :func:`write_report` writes the result as markdown and JSON.
+"""
+import json
+from pathlib import Path
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import pandas as pd
+
+from pyterrier_multiquery.analysis import paired_bootstrap
+
+
+def _ir_measures_frames(run: pd.DataFrame, qrels: pd.DataFrame) -> Tuple[pd.DataFrame, pd.DataFrame]:
+    qrels = qrels.rename(columns={'qid': 'query_id', 'docno': 'doc_id', 'label': 'relevance'})
+    run = run.rename(columns={'qid': 'query_id', 'docno': 'doc_id'})
+    return run, qrels
+
+
+def per_query(runs: Mapping[str, pd.DataFrame], qrels: pd.DataFrame, measures: Sequence) -> pd.DataFrame:
+    """Per-query values of each run: a frame with ``system``, ``qid``, ``measure`` and ``value``.
+
+    Every query in ``qrels`` gets a value for every measure and system (0 where a run retrieved nothing for it),
+    so that paired tests compare the same queries.
+
+    Args:
+        runs: Result frames (``qid``, ``docno``, ``score``) by system name.
+        qrels: Frame with ``qid``, ``docno``, ``label`` (and ``iteration`` for answer ids).
+        measures: ir_measures measures.
+    """
+    from ir_measures import iter_calc
+    frames = []
+    qids = pd.Index(qrels['qid'].astype(str).unique(), name='qid')
+    for name, run in runs.items():
+        run, judged = _ir_measures_frames(run, qrels)
+        values = pd.DataFrame([(str(m.measure), m.query_id, m.value) for m in iter_calc(list(measures), judged, run)],
+                              columns=['measure', 'qid', 'value'])
+        wide = values.pivot(index='qid', columns='measure', values='value').reindex(qids).fillna(0.)
+        wide = wide.reindex(columns=[str(m) for m in measures], fill_value=0.)
+        long = wide.reset_index().melt(id_vars='qid', var_name='measure', value_name='value')
+        frames.append(long.assign(system=name))
+    columns = ['system', 'qid', 'measure', 'value']
+    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+
+
+def compare(scores: pd.DataFrame, baseline: str, subsets: Optional[Mapping[str, Iterable[str]]] = None, *,
+            seed: int = 0) -> Tuple[pd.DataFrame, pd.DataFrame]:
+    """Means by system and subset, and a paired bootstrap of each system against ``baseline``.
+
+    Args:
+        scores: A :func:`per_query` frame.
+        baseline: The system every other one is tested against.
+        subsets: Named sets of qids (``'all'`` is added: every query).
+        seed: Seed of the bootstrap.
+
+    Returns:
+        ``(means, tests)``: ``means`` has one row per system and columns ``'<measure> (<subset>)'``; ``tests`` has
+        one row per system, measure and subset with the mean difference, its confidence interval and ``p_value``.
+    """
+    if baseline not in set(scores['system']):
+        raise ValueError(f'baseline {baseline!r} is not among the systems {sorted(set(scores["system"]))}')
+    subsets = {'all': scores['qid'].unique(), **(subsets or {})}
+    systems = list(dict.fromkeys(scores['system']))
+    measures = list(dict.fromkeys(scores['measure']))
+    wide = scores.pivot_table(index=['system', 'measure'], columns='qid', values='value')
+    means, tests = [], []
+    for system in systems:
+        row = {'system': system}
+        for subset, qids in subsets.items():
+            qids = [q for q in dict.fromkeys(qids) if q in wide.columns]
+            for measure in measures:
+                values = wide.loc[(system, measure), qids]
+                row[f'{measure} ({subset})'] = float(values.mean())
+                if system != baseline:
+                    tests.append({'system': system, 'baseline': baseline, 'measure': measure, 'questions': subset,
+                                  **paired_bootstrap(values, wide.loc[(baseline, measure), qids], seed=seed)})
+        means.append(row)
+    return pd.DataFrame(means), pd.DataFrame(tests)
+
+
+def answer_counts(qrels: pd.DataFrame) -> pd.Series:
+    """Number of distinct answers (``iteration`` values of relevant rows) per qid."""
+    relevant = qrels[qrels['label'] > 0]
+    answers = relevant['iteration'] if 'iteration' in relevant.columns else relevant['docno']
+    return answers.groupby(relevant['qid']).nunique().rename('answers')
+
+
+def cross_validation_folds(qrels: pd.DataFrame, folds: int = 5, *, seed: int = 0) -> Iterator[Tuple[List[str], List[str]]]:
+    """``(train_qids, test_qids)`` of each fold, split by question and stratified by the number of answers.
+
+    Only queries with a relevant passage take part.
+    """
+    from sklearn.model_selection import StratifiedKFold
+    counts = answer_counts(qrels)
+    qids = counts.index.astype(str).tolist()
+    frequent = counts.value_counts()
+    largest_frequent = frequent[frequent >= folds].index.max()    # rarer, larger counts join it
+    strata = counts.clip(upper=largest_frequent).to_numpy()
+    for train, test in StratifiedKFold(folds, shuffle=True, random_state=seed).split(qids, strata):
+        yield [qids[i] for i in train], [qids[i] for i in test]
+
+
+def write_report(path: Path, title: str, description: str, tables: Mapping[str, pd.DataFrame], *,
+                 extra: Optional[Dict] = None, figure=None) -> None:
+    """Writes ``path`` with ``.md`` (title, description, one section a table) and ``.json`` (tables as records).
+
+    Args:
+        path: The report's path without extension.
+        title: The markdown heading.
+        description: Text under the heading: what was run and how.
+        tables: Tables by section heading; the first table comes right after the description.
+        extra: More JSON content (settings, timings, training curves).
+        figure: A matplotlib figure, saved as ``.png`` beside the report.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [f'# {title}', '', description, '']
+    for heading, table in tables.items():
+        lines += [f'## {heading}', '', table.to_markdown(index=False, floatfmt='.4f'), '']
+    path.with_suffix('.md').write_text('\n'.join(lines))
+    content = {'title': title, 'description': description,
+               'tables': {heading: table.to_dict('records') for heading, table in tables.items()}, **(extra or {})}
+    path.with_suffix('.json').write_text(json.dumps(content, indent=2, default=_json_default))
+    if figure is not None:
+        figure.savefig(path.with_suffix('.png'), dpi=120, bbox_inches='tight')
+
+
+def _json_default(value):
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)
