@@ -5,6 +5,7 @@ chosen (a tuple of indexes; chosen ones at ``-inf``), so the same code runs on a
 hand-written table.
 """
 import heapq
+import math
 from typing import Callable, List, NamedTuple, Tuple
 
 import numpy as np
@@ -49,19 +50,22 @@ def tree_decode(log_probs: LogProbs, k: int, beta: float) -> Decoded:
     to the output, until ``k`` passages are output. A large ``beta`` keeps the tree one level deep (the
     independent top-k); ``beta = 0`` follows one sequence while its next passage stays the most probable. Passages
     already output are not expanded again, so a ranking costs ``k`` calls of ``log_probs``; ties go to the
-    earlier node, then the lower index.
+    earlier node, then the lower index. Pairs are compared by the logarithm of their cost
+    ``beta * log((5 + y) / 6) + log(-log P)``, so no ``beta`` overflows.
 
     Returns:
         The output passages and the tree's depth (its longest sequence).
     """
     root = log_probs(())
     k = min(k, int(np.isfinite(root).sum()))
-    frontier: List[Tuple[float, int, int, Tuple[int, ...]]] = []   # (-value, node order, passage, node)
+    frontier: List[Tuple[float, int, int, Tuple[int, ...]]] = []   # (log cost, node order, passage, node)
 
     def expand(prefix: Tuple[int, ...], scores: np.ndarray, order: int) -> None:
-        weight = length_penalty(len(prefix) + 1, beta)
+        log_weight = beta * math.log((6. + len(prefix)) / 6.)
+        with np.errstate(divide='ignore'):
+            log_costs = log_weight + np.log(-np.minimum(scores, 0.))   # a certain passage costs log 0 = -inf
         for p in np.flatnonzero(np.isfinite(scores)):
-            heapq.heappush(frontier, (-weight * float(scores[p]), order, int(p), prefix))
+            heapq.heappush(frontier, (float(log_costs[p]), order, int(p), prefix))
 
     expand((), root, 0)
     output: List[int] = []
