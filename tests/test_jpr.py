@@ -79,6 +79,11 @@ def test_tree_decode_on_a_hand_worked_table():
     assert independent_decode(table(HAND_TABLE), 2) == ([0, 1], 1)
 
 
+def test_tree_decode_takes_any_beta_without_overflow():
+    # ((5 + y) / 6) ** 1000 overflows a float; in log space a large beta is simply breadth first
+    assert tree_decode(table(HAND_TABLE), 3, 1000.) == tree_decode(table(HAND_TABLE), 3, 1e6) == ([0, 1, 2], 1)
+
+
 def brute_force_tree(log_probs, n, k, beta):
     """The same objective searched by enumerating every sequence whose parent is in the tree and whose last
     passage is not output yet."""
@@ -156,12 +161,11 @@ def tiny_bert(tmp_path_factory):
     return path
 
 
-def new_model(tiny_bert, seed=0):
+def new_model(tiny_bert, seed=0, prior=False):
     import torch
     from pyterrier_multiquery.jpr import JPRModel
     torch.manual_seed(seed)
-    return JPRModel(str(tiny_bert), decoder_layers=1, decoder_heads=2, decoder_dropout=0.)
-
+    return JPRModel(str(tiny_bert), decoder_layers=1, decoder_heads=2, decoder_dropout=0., prior=prior)
 
 
 def examples():
@@ -169,8 +173,8 @@ def examples():
     passages = ['brazil won the cup', 'france won the cup', 'italy won the cup', 'spain in year', 'the year',
                 'brazil won in year']
     answers = [{'brazil'}, {'france'}, {'italy'}, set(), set(), {'brazil'}]
-    return [JPRExample('who won the cup', passages, answers),
-            JPRExample('who won in year', passages[::-1], answers[::-1])]
+    return [JPRExample('who won the cup', passages, answers, [3, 0, 5, 1, 2, 4]),
+            JPRExample('who won in year', passages[::-1], answers[::-1], [0, 1, 2, 3, 4, 5])]
 
 
 def test_forward_masks_the_chosen_passages_and_padding(tiny_bert):
@@ -186,11 +190,12 @@ def test_forward_masks_the_chosen_passages_and_padding(tiny_bert):
     assert torch.allclose(log_probs[0, 2, 1], torch.tensor(0.))   # the only one left
 
 
+@pytest.mark.parametrize('prior', [False, True])
 @pytest.mark.parametrize('mode', ['dynamic_oracle', 'teacher_forcing', 'independent'])
-def test_one_training_step_lowers_the_loss(tiny_bert, mode):
+def test_one_training_step_lowers_the_loss(tiny_bert, mode, prior):
     import torch
     from pyterrier_multiquery.jpr import JPRTrainer
-    model = new_model(tiny_bert)
+    model = new_model(tiny_bert, prior=prior)
     trainer = JPRTrainer(model, mode=mode, k=3, train_candidates=6, learning_rate=3e-3, verbose=False)
 
     def loss():
@@ -243,6 +248,114 @@ def test_save_and_load_round_trip(tiny_bert, tmp_path):
     (tmp_path / 'jpr' / 'decoder.pt').write_bytes(b'not weights')
     with pytest.raises(Exception):
         JPRModel.from_pretrained(tmp_path / 'jpr')
+
+
+# --- the first-stage prior -------------------------------------------------------------------------------------
+
+def test_an_untrained_prior_is_the_first_stage_rank_distribution(tiny_bert):
+    import torch
+    model = new_model(tiny_bert, prior=True).eval()
+    memory = model.passages('who won', ['brazil', 'france', 'italy']).unsqueeze(0)
+    log_probs = model(memory, torch.tensor([[1]]), ranks=torch.tensor([[2, 0, 1]]))
+    # logits -log(1 + rank) = -log 3, 0, -log 2: probabilities 1/3, 1, 1/2 over 11/6; then 1/3, 1/2 over 5/6
+    assert torch.allclose(log_probs[0].exp(), torch.tensor([[2 / 11, 6 / 11, 3 / 11], [2 / 5, 0., 3 / 5]]))
+    with pytest.raises(ValueError, match='ranks'):
+        model(memory, torch.tensor([[1]]))
+
+
+def scored_results():
+    """Two queries whose scores do not follow their docnos: q1's order by score is d1 d4 d3 d0 d5 d2."""
+    passages = examples()[0].passages
+    return pd.DataFrame({'qid': ['q1'] * 6 + ['q2'] * 2, 'query': ['who won the cup'] * 6 + ['who won'] * 2,
+                         'docno': [f'd{i}' for i in range(6)] + ['e0', 'e1'], 'text': list(passages) + ['italy', 'spain'],
+                         'score': [.3, .9, .1, .5, .7, .2, .1, .4]})
+
+
+@pytest.mark.parametrize('decode,beta', [('tree', 0.), ('tree', 1.), ('tree', 1000.), ('seq', 1.), ('independent', 1.)])
+def test_an_untrained_prior_model_returns_the_first_stage_order(tiny_bert, decode, beta):
+    from pyterrier_multiquery.jpr import JPR
+    model = new_model(tiny_bert, prior=True)   # random decoder and encoder; only the query head starts at zero
+    out = JPR(model, k=5, decode=decode, beta=beta)(scored_results())
+    assert out.query('qid == "q1"')['docno'].tolist() == ['d1', 'd4', 'd3', 'd0', 'd5']
+    assert out.query('qid == "q2"')['docno'].tolist() == ['e1', 'e0']
+
+
+def test_jpr_examples_carry_ranks_and_answers_in_the_rerankers_index_order():
+    from pyterrier_multiquery.jpr import jpr_examples
+    from pyterrier_multiquery.jpr.reranker import index_order
+    frame = scored_results()
+    qrels = pd.DataFrame({'qid': ['q1', 'q1', 'q1', 'q2'], 'docno': ['d0', 'd5', 'd1', 'e1'], 'label': [1, 1, 1, 0],
+                          'iteration': ['1', '1', '2', '1']})
+    examples = jpr_examples(frame, qrels, num_candidates=5, seed=3)
+    top = ['d1', 'd4', 'd3', 'd0', 'd5']
+    order = index_order('q1', 5, seed=3)
+    texts = dict(zip(frame['docno'], frame['text']))
+    assert examples['q1'].ranks == order.tolist()
+    assert examples['q1'].passages == [texts[top[i]] for i in order]
+    assert examples['q1'].answers == [{'d1': {'2'}, 'd0': {'1'}, 'd5': {'1'}}.get(top[i], set()) for i in order]
+    assert examples['q2'].answers == [set(), set()]
+
+
+def first_stage_with_answers_on_top(questions=4):
+    """Questions whose two answers are supported by their first-stage top two passages."""
+    passages = examples()[0].passages
+    frame = pd.DataFrame([{'qid': f'q{q}', 'query': f'who won the cup {q}', 'docno': f'q{q}d{i}',
+                           'text': passages[(i + q) % 6], 'score': 6. - i} for q in range(questions) for i in range(6)])
+    qrels = pd.DataFrame([{'qid': f'q{q}', 'docno': f'q{q}d{i}', 'label': 1, 'iteration': str(i + 1)}
+                          for q in range(questions) for i in range(2)])
+    return frame, qrels
+
+
+def test_train_jpr_records_the_curve_and_keeps_the_best_dev_epoch(tiny_bert):
+    from pyterrier_multiquery.jpr import JPR, train_jpr
+    frame, qrels = first_stage_with_answers_on_top()
+    settings = dict(num_candidates=6, k=3, epochs=3, decoder_layers=1, learning_rate=1e-2)
+    model = train_jpr(frame, qrels, str(tiny_bert), dev_fraction=0., **settings)
+    assert [c['epoch'] for c in model.training_curve] == [0, 1, 2, 3] and model.best_epoch == 3
+    assert model.training_curve[0]['loss'] is None and all(c['loss'] > 0 for c in model.training_curve[1:])
+    assert all(c['dev'] is None for c in model.training_curve)
+    assert model.prior_weight.item() != 1.     # trained
+    # the first stage covers every dev answer (score 1), which no epoch beats: the untrained model is kept
+    model = train_jpr(frame, qrels, str(tiny_bert), dev_fraction=.5, **settings)
+    assert model.training_curve[0]['dev'] == 1. and model.best_epoch == 0
+    assert model.prior_weight.item() == 1. and not model.query_head.weight.any()
+    out = JPR(model, k=3, num_candidates=6)(frame)
+    assert out['docno'].tolist() == frame.groupby('qid').head(3)['docno'].tolist()
+
+
+def test_prior_model_save_and_load_round_trip(tiny_bert, tmp_path):
+    import torch
+    from pyterrier_multiquery.jpr import JPR, JPRModel, JPRTrainer
+    model = new_model(tiny_bert, prior=True)
+    JPRTrainer(model, k=3, epochs=2, learning_rate=1e-2, verbose=False).fit(examples())
+    model.save_pretrained(tmp_path / 'jpr')
+    loaded = JPRModel.from_pretrained(tmp_path / 'jpr').eval()
+    assert loaded.prior and loaded.prior_weight.item() == model.prior_weight.item() != 1.
+    memory = model.eval().passages('who won', ['brazil', 'france', 'italy']).unsqueeze(0)
+    prefix, ranks = torch.tensor([[1]]), torch.tensor([[2, 0, 1]])
+    assert torch.equal(model(memory, prefix, ranks=ranks), loaded(memory, prefix, ranks=ranks))
+    assert JPR(loaded, k=4)(scored_results()).equals(JPR(model, k=4)(scored_results()))
+
+
+def test_models_saved_before_the_prior_load_without_it(tiny_bert, tmp_path):
+    import json
+    import torch
+    from pyterrier_multiquery.jpr import JPRModel
+    model = new_model(tiny_bert).eval()
+    model.save_pretrained(tmp_path / 'old')
+    config = tmp_path / 'old' / 'jpr_config.json'
+    config.write_text(json.dumps({k: v for k, v in json.loads(config.read_text()).items() if k != 'prior'}))
+    loaded = JPRModel.from_pretrained(tmp_path / 'old').eval()
+    memory = model.passages('who won', ['brazil', 'france', 'italy']).unsqueeze(0)
+    assert not loaded.prior and torch.equal(model(memory, torch.tensor([[1]])), loaded(memory, torch.tensor([[1]])))
+    with pytest.raises(ValueError, match='prior_weight'):
+        JPRModel.from_pretrained(tmp_path / 'old', prior=True)
+
+
+def test_a_missing_model_folder_is_a_file_not_found_error_naming_it():
+    from pyterrier_multiquery.jpr import JPR
+    with pytest.raises(FileNotFoundError, match="'missing/dir'"):
+        JPR('missing/dir')
 
 
 def results(n=6):

@@ -72,11 +72,16 @@ class JPRModel(nn.Module):
     a start vector), cross-attends to the states of all candidates, and scores every candidate by a dot product
     with its state: a pointer over candidate positions, which are the index numbers. Already chosen candidates
     are masked out.
+
+    With ``prior=True`` each candidate's logit also gets ``w * -log(1 + rank)``, ``rank`` being its first-stage
+    rank (0 for the top passage) and ``w`` a learned scalar starting at 1. The pointer's query head starts at zero,
+    so an untrained model's logits are the prior alone: every decoder then returns the first-stage order, and
+    training learns only the departure from it.
     """
 
     def __init__(self, encoder: Union[str, PassageEncoder], *, decoder_layers: int = 2, decoder_heads: int = 4,
                  decoder_dropout: float = 0.1, freeze_encoder: bool = True, max_length: int = 256,
-                 max_steps: int = 32):
+                 max_steps: int = 32, prior: bool = True):
         """
         Args:
             encoder: A checkpoint path, or a :class:`PassageEncoder` to share with other models.
@@ -86,6 +91,7 @@ class JPRModel(nn.Module):
             freeze_encoder: Whether the encoder stays fixed (trained otherwise); ignored for a shared encoder.
             max_length: Tokens per candidate text; ignored for a shared encoder.
             max_steps: The longest passage sequence the decoder handles.
+            prior: Whether the logits add the learned first-stage rank prior (the model then needs ``ranks``).
         """
         super().__init__()
         if isinstance(encoder, (str, Path)):
@@ -93,7 +99,7 @@ class JPRModel(nn.Module):
         self.passages = encoder
         self.settings = {'decoder_layers': decoder_layers, 'decoder_heads': decoder_heads,
                          'decoder_dropout': decoder_dropout, 'freeze_encoder': encoder.frozen,
-                         'max_length': encoder.max_length, 'max_steps': max_steps}
+                         'max_length': encoder.max_length, 'max_steps': max_steps, 'prior': prior}
         self.width = width = encoder.width
         layer = nn.TransformerDecoderLayer(width, decoder_heads, dim_feedforward=2 * width,
                                            dropout=decoder_dropout, batch_first=True)
@@ -102,18 +108,24 @@ class JPRModel(nn.Module):
         self.positions = nn.Embedding(max_steps + 1, width)
         self.query_head = nn.Linear(width, width)
         self.key_head = nn.Linear(width, width)
+        self.prior = prior
+        if prior:
+            nn.init.zeros_(self.query_head.weight)
+            nn.init.zeros_(self.query_head.bias)
+            self.prior_weight = nn.Parameter(torch.ones(()))
 
     def trainable_parameters(self):
         """The decoder's parameters, and the encoder's when it is not frozen."""
         return [p for p in self.parameters() if p.requires_grad]
 
-    def forward(self, memory, prefix, memory_mask=None):
+    def forward(self, memory, prefix, memory_mask=None, ranks=None):
         """Log-probabilities of the next passage after each prefix of ``prefix``.
 
         Args:
             memory: Candidate states, (batch, candidates, width).
             prefix: Chosen candidate positions, (batch, steps), -1 past each sequence's end.
             memory_mask: True for padding candidates, (batch, candidates).
+            ranks: The candidates' first-stage ranks from 0, (batch, candidates); needed with the prior.
 
         Returns:
             (batch, steps + 1, candidates): row t is log P(next | prefix[:t]), with the candidates in
@@ -132,6 +144,10 @@ class JPRModel(nn.Module):
         hidden = self.decoder(inputs, memory, tgt_mask=causal, tgt_is_causal=True,
                               memory_key_padding_mask=memory_mask)
         logits = self.query_head(hidden) @ self.key_head(memory).transpose(1, 2) / self.width ** .5
+        if self.prior:
+            if ranks is None:
+                raise ValueError('this JPR model has a first-stage prior: give the candidates\' ranks')
+            logits = logits - self.prior_weight * torch.log1p(ranks.to(logits.dtype)).unsqueeze(1)
         taken = torch.zeros(batch, steps + 1, candidates, dtype=torch.bool, device=memory.device)
         valid = prefix >= 0
         onehot = torch.zeros(batch, steps, candidates, dtype=torch.bool, device=memory.device)
@@ -151,11 +167,17 @@ class JPRModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: Union[str, Path], **settings) -> 'JPRModel':
-        """A model saved by :meth:`save_pretrained`, or a fresh decoder over the encoder checkpoint ``path``."""
+        """A model saved by :meth:`save_pretrained`, or a fresh decoder over the encoder checkpoint ``path``.
+
+        Models saved before the first-stage prior existed load without it.
+        """
         path = Path(path)
+        if not path.is_dir():
+            raise FileNotFoundError(f'no JPR model or encoder checkpoint folder at {str(path)!r} (a fresh model over '
+                                    'a Hugging Face hub encoder: JPRModel(name))')
         if not (path / CONFIG_NAME).exists():
             return cls(str(path), **settings)
-        saved = json.loads((path / CONFIG_NAME).read_text())
+        saved = {'prior': False, **json.loads((path / CONFIG_NAME).read_text())}
         model = cls(str(path / 'encoder'), **{**saved, **settings})
         weights = torch.load(path / DECODER_WEIGHTS, map_location='cpu', weights_only=True)
         missing, unexpected = model.load_state_dict(weights, strict=False)

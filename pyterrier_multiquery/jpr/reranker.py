@@ -23,10 +23,11 @@ def index_order(qid: str, count: int, seed: int = 0) -> np.ndarray:
 class JPR(pt.Transformer):
     """Joint passage reranking: picks ``k`` of each query's top ``num_candidates`` passages one after another.
 
-    Input: a result frame with ``query`` and ``text``. Output: the chosen passages in selection order, scores
-    ``-rank`` (so they keep that order), and ``decode_depth``, the depth of the search (the tree's longest
+    Input: a result frame with ``query``, ``text`` and ``score``. Output: the chosen passages in selection order,
+    scores ``-rank`` (so they keep that order), and ``decode_depth``, the depth of the search (the tree's longest
     sequence for TreeDecode, ``k`` for SeqDecode, 1 for the independent top-k). Candidates get their index
-    numbers in a random order seeded by the qid, as in training.
+    numbers in a random order seeded by the qid, as in training; a model with a first-stage prior also gets each
+    candidate's rank by input score, so an untrained one returns the input order.
     """
     schematic = {'label': 'JPR'}
 
@@ -72,21 +73,29 @@ class JPR(pt.Transformer):
         out = []
         for qid, frame in groups:
             order = index_order(qid, len(frame), self.seed)
-            decoded = self.rank(frame['query'].iloc[0], frame['text'].iloc[order].tolist())
+            decoded = self.rank(frame['query'].iloc[0], frame['text'].iloc[order].tolist(), order)
             out.append(frame.iloc[order[decoded.passages]].assign(decode_depth=decoded.depth))
         out = pd.concat(out, ignore_index=True) if out else inp.iloc[:0].assign(decode_depth=pd.Series(dtype=int))
         out = out.assign(rank=out.groupby('qid').cumcount())
         return out.assign(score=-out['rank'].astype(float))
 
-    def rank(self, question: str, passages: Sequence[str]) -> Decoded:
-        """The decoded selection for one question over ``passages`` (positions in index order)."""
+    def rank(self, question: str, passages: Sequence[str], ranks: Optional[Sequence[int]] = None) -> Decoded:
+        """The decoded selection for one question over ``passages`` (positions in index order).
+
+        Args:
+            question: The question.
+            passages: The candidates in index order.
+            ranks: Each candidate's first-stage rank from 0 (needed by a model with a prior).
+        """
         import torch
         with torch.no_grad():
             memory = self.model.passages(question, list(passages)).unsqueeze(0)
+            if ranks is not None:
+                ranks = torch.as_tensor(np.asarray(ranks), dtype=torch.long, device=memory.device).view(1, -1)
 
             def log_probs(prefix):
                 prefix = torch.tensor(list(prefix), dtype=torch.long, device=memory.device).view(1, len(prefix))
-                return self.model(memory, prefix)[0, -1].float().cpu().numpy()
+                return self.model(memory, prefix, ranks=ranks)[0, -1].float().cpu().numpy()
 
             if self.decode == 'tree':
                 return tree_decode(log_probs, self.k, self.beta)

@@ -1,21 +1,28 @@
 """Training the JPR decoder: dynamic oracle, teacher forcing, or the independent (IndepPR) objective."""
-from typing import AbstractSet, List, NamedTuple, Optional, Sequence, Tuple
+import copy
+from typing import AbstractSet, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
+import pandas as pd
 import pyterrier as pt
 import torch
 
-from pyterrier_multiquery.jpr.model import JPRModel
+from pyterrier_multiquery.jpr.model import JPRModel, PassageEncoder
 from pyterrier_multiquery.jpr.oracle import greedy_answer_cover, gumbel_top_k
+from pyterrier_multiquery.jpr.reranker import index_order
 
 MODES = ('dynamic_oracle', 'teacher_forcing', 'independent')
 
 
 class JPRExample(NamedTuple):
-    """One training question: its first-stage candidates and the answers each candidate supports."""
+    """One training question: its first-stage candidates, the answers each supports, and their first-stage ranks.
+
+    ``ranks`` (0 for the first-stage top passage) is needed to train a model with a prior.
+    """
     question: str
     passages: Sequence[str]
     answers: Sequence[AbstractSet]
+    ranks: Optional[Sequence[int]] = None
 
 
 class JPRTrainer:
@@ -81,13 +88,17 @@ class JPRTrainer:
         epochs = pt.tqdm(range(self.epochs), desc=f'JPR {self.mode}', unit='epoch') if self.verbose \
             else range(self.epochs)
         for _ in epochs:
-            order = self.rng.permutation(len(examples))
-            losses = [self.step([examples[i] for i in order[begin:begin + self.batch_size]])
-                      for begin in range(0, len(order), self.batch_size)]
-            history.append(float(np.mean(losses)))
+            history.append(self.epoch(examples))
             if self.verbose:
                 epochs.set_postfix(loss=f'{history[-1]:.4f}')
         return history
+
+    def epoch(self, examples: Sequence[JPRExample]) -> float:
+        """One pass over ``examples`` (used as given: neither shuffled nor filtered); returns its mean loss."""
+        order = self.rng.permutation(len(examples))
+        losses = [self.step([examples[i] for i in order[begin:begin + self.batch_size]])
+                  for begin in range(0, len(order), self.batch_size)]
+        return float(np.mean(losses))
 
     def shuffled(self, example: JPRExample) -> JPRExample:
         """``example`` with its candidates in a random order, which assigns their index numbers at random.
@@ -95,7 +106,9 @@ class JPRTrainer:
         The order is drawn once per example, so a frozen encoder encodes each question once.
         """
         order = self.rng.permutation(len(example.passages))
-        return JPRExample(example.question, [example.passages[i] for i in order], [example.answers[i] for i in order])
+        ranks = None if example.ranks is None else [example.ranks[i] for i in order]
+        return JPRExample(example.question, [example.passages[i] for i in order], [example.answers[i] for i in order],
+                          ranks)
 
     def step(self, batch: Sequence[JPRExample]) -> float:
         """One optimiser step on ``batch``; returns its loss."""
@@ -109,13 +122,13 @@ class JPRTrainer:
     def loss(self, batch: Sequence[JPRExample]) -> torch.Tensor:
         """The training loss of ``batch``, with freshly sampled subsets, orders and prefixes."""
         subsets = [self.subset(e) for e in batch]
-        memory, mask = self.memory(batch, subsets)
+        memory, mask, ranks = self.memory(batch, subsets)
         answers = [[batch[b].answers[i] for i in subset] for b, subset in enumerate(subsets)]
         prior = None
         if self.mode == 'dynamic_oracle':
             with torch.no_grad():
                 empty = torch.zeros(len(batch), 0, dtype=torch.long, device=memory.device)
-                prior = self.model(memory, empty, mask)[:, 0].cpu().numpy()
+                prior = self.model(memory, empty, mask, ranks)[:, 0].cpu().numpy()
         prefixes, targets = zip(*[self.targets(a, None if prior is None else prior[b]) for b, a in enumerate(answers)])
         steps = max(len(p) for p in prefixes)
         prefix = torch.full((len(batch), steps), -1, dtype=torch.long, device=memory.device)
@@ -125,7 +138,7 @@ class JPRTrainer:
             for step, positives in enumerate(t):
                 target[b, step, positives] = True
         used = target.any(-1)  # steps after the last positive have nothing to learn
-        log_probs, target = self.model(memory, prefix, mask)[used], target[used]
+        log_probs, target = self.model(memory, prefix, mask, ranks)[used], target[used]
         if self.mode == 'independent':
             return -(log_probs.masked_fill(~target, 0.).sum(-1) / target.sum(-1)).mean()
         return -log_probs.masked_fill(~target, float('-inf')).logsumexp(-1).mean()
@@ -137,17 +150,10 @@ class JPRTrainer:
         extra = self.rng.permutation(others)[:self.train_candidates - len(cover)].tolist()
         return [int(i) for i in self.rng.permutation(cover + extra)]
 
-    def memory(self, batch: Sequence[JPRExample], subsets: Sequence[List[int]]) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Encoder states of each example's subset, padded: (batch, candidates, width) and the padding mask."""
-        device = self.model.start.device
-        width = max(len(s) for s in subsets)
-        memory = torch.zeros(len(batch), width, self.model.width, device=device)
-        mask = torch.ones(len(batch), width, dtype=torch.bool, device=device)
-        for b, (example, subset) in enumerate(zip(batch, subsets)):
-            states = self.model.passages(example.question, list(example.passages))  # cached when frozen
-            memory[b, :len(subset)] = states[torch.tensor(subset, dtype=torch.long)]
-            mask[b, :len(subset)] = False
-        return memory, mask
+    def memory(self, batch: Sequence[JPRExample], subsets: Sequence[List[int]]):
+        """Encoder states of each example's subset, padded: (batch, candidates, width), the padding mask and the
+        candidates' first-stage ranks (None for a model without a prior)."""
+        return candidate_tensors(self.model, batch, subsets)
 
     def targets(self, answers: Sequence[AbstractSet], prior: Optional[np.ndarray] = None) -> Tuple[List[int], List[List[int]]]:
         """The prefix and, for each of its steps and the one after, the target positions.
@@ -167,3 +173,178 @@ class JPRTrainer:
         prefix = [int(i) for i in self.rng.permutation(cover + negatives)]
         targets = [[p for p in cover if p not in prefix[:step]] for step in range(len(prefix) + 1)]
         return prefix, targets
+
+
+def candidate_tensors(model: JPRModel, examples: Sequence[JPRExample], subsets: Optional[Sequence[Sequence[int]]] = None):
+    """The model's inputs for some candidates of each example, padded to the longest.
+
+    Args:
+        model: The model whose encoder computes the states (cached when frozen).
+        examples: The questions.
+        subsets: Candidate positions of each example (default: all of them, in order).
+
+    Returns:
+        States (batch, candidates, width), the padding mask (batch, candidates), and the candidates' first-stage
+        ranks (batch, candidates), None for a model without a prior.
+    """
+    subsets = subsets or [range(len(e.passages)) for e in examples]
+    device = model.start.device
+    width = max(len(s) for s in subsets)
+    memory = torch.zeros(len(examples), width, model.width, device=device)
+    mask = torch.ones(len(examples), width, dtype=torch.bool, device=device)
+    ranks = torch.zeros(len(examples), width, dtype=torch.long, device=device) if model.prior else None
+    for b, (example, subset) in enumerate(zip(examples, subsets)):
+        index = torch.tensor(list(subset), dtype=torch.long)
+        states = model.passages(example.question, list(example.passages))
+        memory[b, :len(index)] = states[index.to(states.device)]
+        mask[b, :len(index)] = False
+        if ranks is not None:
+            if example.ranks is None:
+                raise ValueError('a JPR model with a first-stage prior needs the candidates\' ranks: '
+                                 'JPRExample(..., ranks=...)')
+            ranks[b, :len(index)] = torch.as_tensor(list(example.ranks), dtype=torch.long)[index]
+    return memory, mask, ranks
+
+
+def answer_sets(qrels: pd.DataFrame) -> Dict[Tuple[str, str], set]:
+    """The answers each relevant (qid, docno) supports: its ``iteration`` ids, or the docno itself where the qrels
+    have no answer ids (no ``iteration`` column, or TREC's placeholders ``'0'``/``'Q0'``), as the multi-answer
+    measures count them."""
+    relevant = qrels[qrels['label'] > 0].astype({'qid': str, 'docno': str})
+    if 'iteration' in relevant.columns:
+        iteration = relevant['iteration'].astype(str)
+        answer = iteration.where(~iteration.isin(['0', 'Q0']), relevant['docno'])
+    else:
+        answer = relevant['docno']
+    return answer.groupby([relevant['qid'], relevant['docno']]).agg(set).to_dict()
+
+
+def jpr_examples(results: pd.DataFrame, qrels: pd.DataFrame, *, num_candidates: int = 20,
+                 seed: int = 0) -> Dict[str, JPRExample]:
+    """Each question's top ``num_candidates`` first-stage passages as a :class:`JPRExample`, by qid.
+
+    The candidates are those the rerankers take (the top ``num_candidates`` by ``score``), in the index order
+    the rerankers give them (:func:`~pyterrier_multiquery.jpr.reranker.index_order` with ``seed``), each with its
+    first-stage rank and the answers it supports.
+
+    Args:
+        results: A result frame with ``qid``, ``query``, ``docno``, ``text`` and ``score``.
+        qrels: Multi-answer qrels (``qid``, ``docno``, ``label``, the answer id in ``iteration``).
+        num_candidates: |B|, candidates per question.
+        seed: Seed of the index order (the rerankers' ``seed``).
+    """
+    pt.validate.result_frame(results, extra_columns=['query', 'text'])
+    answers = answer_sets(qrels)
+    results = results.sort_values(['qid', 'score'], ascending=[True, False], kind='stable')
+    examples = {}
+    for qid, frame in results.groupby('qid', sort=False):
+        frame = frame.head(num_candidates)
+        order = index_order(qid, len(frame), seed)
+        frame = frame.iloc[order]
+        examples[str(qid)] = JPRExample(frame['query'].iloc[0], frame['text'].tolist(),
+                                        [answers.get((str(qid), str(d)), set()) for d in frame['docno']],
+                                        [int(r) for r in order])
+    return examples
+
+
+def greedy_selections(model: JPRModel, examples: Sequence[JPRExample], k: int, *,
+                      independent: bool = False) -> List[List[int]]:
+    """The ``k`` candidate positions SeqDecode (or the independent top ``k``) picks for each example, batched."""
+    model.eval()
+    with torch.no_grad():
+        memory, mask, ranks = candidate_tensors(model, examples)
+        prefix = torch.zeros(len(examples), 0, dtype=torch.long, device=memory.device)
+        if independent:
+            first = model(memory, prefix, mask, ranks)[:, 0]
+            top = first.topk(min(k, first.shape[1]), -1)
+            chosen = top.indices.masked_fill(~torch.isfinite(top.values), -1)
+        else:
+            for _ in range(min(k, memory.shape[1])):
+                log_probs = model(memory, prefix, mask, ranks)[:, -1]
+                best = log_probs.max(-1)
+                prefix = torch.cat([prefix, best.indices.masked_fill(~torch.isfinite(best.values), -1)[:, None]], 1)
+            chosen = prefix
+    return [[int(i) for i in row if i >= 0] for row in chosen.tolist()]
+
+
+def dev_mrecall(model: JPRModel, examples: Sequence[JPRExample], totals: Sequence[int], k: int, *,
+                independent: bool = False) -> float:
+    """Mean of MRecall@(k/2) and MRecall@k of the greedy selections, ``totals`` being each question's answer count."""
+    scores = []
+    for example, total, chosen in zip(examples, totals, greedy_selections(model, examples, k, independent=independent)):
+        for cutoff in (max(1, k // 2), k):
+            covered = set().union(*(example.answers[i] for i in chosen[:cutoff]))
+            scores.append(float(total > 0 and len(covered) >= min(total, cutoff)))
+    return float(np.mean(scores))
+
+
+def train_jpr(results: pd.DataFrame, qrels: pd.DataFrame, encoder: Union[str, PassageEncoder], *,
+              mode: str = 'dynamic_oracle', prior: bool = True, num_candidates: int = 20, k: int = 10,
+              epochs: int = 10, dev_fraction: float = 0.2, train_candidates: Optional[int] = None,
+              learning_rate: float = 1e-3, gamma: float = 1.0, batch_size: int = 16, decoder_layers: int = 2,
+              max_length: int = 256, seed: int = 0, verbose: bool = False) -> JPRModel:
+    """Trains a JPR model (or, with ``mode='independent'``, an IndepPR one) on a first-stage result frame.
+
+    A ``dev_fraction`` of the questions is held out; the model is scored on it (the mean of MRecall@(k/2) and
+    MRecall@k of greedy selections) before training and after every epoch, and the returned model is the one of
+    the best epoch, the earliest on ties: with a prior, epoch 0 is the first-stage order itself. The returned
+    model's ``training_curve`` lists ``{'epoch', 'loss', 'dev'}`` per epoch (epoch 0: untrained, no loss) and
+    its ``best_epoch`` the epoch kept.
+
+    Args:
+        results: First-stage results with ``qid``, ``query``, ``docno``, ``text`` and ``score``.
+        qrels: Multi-answer qrels (answer id in ``iteration``).
+        encoder: The passage encoder's checkpoint path, or a :class:`PassageEncoder` to share.
+        mode: ``'dynamic_oracle'``, ``'teacher_forcing'`` or ``'independent'`` (see :class:`JPRTrainer`).
+        prior: Whether the model adds the first-stage rank prior.
+        num_candidates: |B|, candidates per question (the rerankers' ``num_candidates``).
+        k: Passages chosen, the longest training prefix.
+        epochs: Passes over the training questions.
+        dev_fraction: Fraction of the questions held out to choose the epoch (0: keep the last epoch).
+        train_candidates: Candidates per question in one training example (default: all ``num_candidates``).
+        learning_rate: AdamW learning rate.
+        gamma: Temperature of the dynamic oracle's Gumbel negatives.
+        batch_size: Questions per optimiser step.
+        decoder_layers: Transformer decoder layers.
+        max_length: Tokens per candidate text (for an encoder given by path).
+        seed: Seed of the split, the initialisation, the sampling and the index order (use the same ``seed`` in
+            the rerankers).
+        verbose: Whether to show progress.
+    """
+    if not 0. <= dev_fraction < 1.:
+        raise ValueError(f'dev_fraction must lie in [0, 1), got {dev_fraction}')
+    examples = jpr_examples(results, qrels, num_candidates=num_candidates, seed=seed)
+    totals = {}
+    for (qid, _), answers in answer_sets(qrels).items():
+        totals.setdefault(qid, set()).update(answers)
+    qids = [q for q in examples if any(examples[q].answers)]
+    if not qids:
+        raise ValueError('no training question has a candidate that supports an answer')
+    shuffled = np.random.default_rng(seed).permutation(len(qids))
+    dev_qids = [qids[i] for i in shuffled[:int(round(len(qids) * dev_fraction))]]
+    train_qids = [qids[i] for i in shuffled[len(dev_qids):]]
+    torch.manual_seed(seed)
+    model = JPRModel(encoder, decoder_layers=decoder_layers, max_length=max_length, prior=prior)
+    trainer = JPRTrainer(model, mode=mode, k=k, gamma=gamma, train_candidates=train_candidates or num_candidates,
+                         learning_rate=learning_rate, batch_size=batch_size, shuffle=False, seed=seed, verbose=False)
+    train, dev = [examples[q] for q in train_qids], [examples[q] for q in dev_qids]
+
+    def score():
+        return dev_mrecall(model, dev, [len(totals[q]) for q in dev_qids], k,
+                           independent=mode == 'independent') if dev else None
+
+    curve = [{'epoch': 0, 'loss': None, 'dev': score()}]
+    best = (curve[0]['dev'], 0, copy.deepcopy(model.state_dict()))
+    passes = pt.tqdm(range(1, epochs + 1), desc=f'JPR {mode}', unit='epoch') if verbose else range(1, epochs + 1)
+    for epoch in passes:
+        curve.append({'epoch': epoch, 'loss': trainer.epoch(train), 'dev': score()})
+        if dev and curve[-1]['dev'] > best[0]:
+            best = (curve[-1]['dev'], epoch, copy.deepcopy(model.state_dict()))
+        if verbose:
+            passes.set_postfix(loss=f'{curve[-1]["loss"]:.4f}', dev=curve[-1]['dev'])
+    if dev:
+        model.load_state_dict(best[2])
+    model.training_curve = curve
+    model.best_epoch = best[1] if dev else epochs
+    return model.eval()
+
