@@ -1,4 +1,4 @@
-"""Writing index folders so that an interrupted build never leaves one that loads."""
+"""Writing folders (indexes, caches, saved models) so that an interrupted build never leaves one that loads."""
 import os
 import shutil
 from contextlib import contextmanager
@@ -8,24 +8,64 @@ from typing import Callable, Iterator, Union
 PathLike = Union[str, Path]
 
 
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this machine (one of another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale(folder: Path, prefix: str) -> None:
+    """Removes the leftovers ``<prefix><pid>`` in ``folder`` of builds whose process is no longer alive."""
+    for leftover in folder.glob(f'{prefix}*'):
+        pid = leftover.name[len(prefix):]
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
+            _remove(leftover)
+
+
 @contextmanager
 def building(path: PathLike) -> Iterator[Path]:
     """Yields a temporary path beside ``path`` that replaces ``path`` when the block completes.
 
-    The caller creates the folder at the temporary path. If the block raises, the temporary folder is removed
-    and ``path`` is left as it was.
+    The caller creates the folder at the temporary path (``.NAME.building-PID``). If the block raises, the
+    temporary folder is removed and ``path`` is left as it was. Whatever is at ``path`` is first renamed away
+    (``.NAME.old-PID``), so a build killed at any point leaves the old folder or nothing at ``path``, never a
+    half-written or half-deleted one. Leftovers of killed builds of the same ``path`` are removed on entry.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for kind in ('building', 'old'):
+        remove_stale(path.parent, f'.{path.name}.{kind}-')
     tmp = path.with_name(f'.{path.name}.building-{os.getpid()}')
-    shutil.rmtree(tmp, ignore_errors=True)
+    old = path.with_name(f'.{path.name}.old-{os.getpid()}')
+    _remove(tmp)
+    _remove(old)
     try:
         yield tmp
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
+        if not os.path.lexists(tmp):
+            raise FileNotFoundError(f'the build wrote nothing at {str(tmp)!r}; {str(path)!r} is left as it was')
+        if os.path.lexists(path):
+            os.replace(path, old)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.lexists(old):
+                os.replace(old, path)
+            raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove(tmp)
+        _remove(old)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        path.unlink()
 
 
 def build_once(path: PathLike, build: Callable[[str], None]) -> Path:

@@ -1,4 +1,5 @@
 import json
+import os
 
 import numpy as np
 import pandas as pd
@@ -134,7 +135,7 @@ def test_existing_index_is_kept_unless_overwrite(collection):
         MultiVectorIndex(index.path).index(random_collection(5))
 
 
-@pytest.mark.parametrize('damage', ['truncate_vectors', 'truncate_offsets', 'bad_meta', 'bad_offsets'])
+@pytest.mark.parametrize('damage', ['truncate_vectors', 'truncate_offsets', 'bad_meta', 'changed_offsets', 'bad_offsets'])
 def test_corrupt_files_are_named(collection, tmp_path, damage):
     import shutil
     _, index = collection
@@ -151,7 +152,15 @@ def test_corrupt_files_are_named(collection, tmp_path, damage):
     elif damage == 'bad_meta':
         (path / 'pt_meta.json').write_text('{"type": "multi_vector')
         match = 'not valid JSON'
-    else:
+    elif damage == 'changed_offsets':
+        offsets = np.fromfile(path / 'offsets.i8', dtype=np.int64)
+        offsets[5] = offsets[4]
+        offsets.tofile(path / 'offsets.i8')
+        match = 'offsets.i8.*changed since the index was built'
+    else:  # an index written before checksums: the offsets' own check
+        meta = json.loads((path / 'pt_meta.json').read_text())
+        del meta['crc32']
+        (path / 'pt_meta.json').write_text(json.dumps(meta))
         offsets = np.fromfile(path / 'offsets.i8', dtype=np.int64)
         offsets[5] = offsets[4]
         offsets.tofile(path / 'offsets.i8')
@@ -258,3 +267,125 @@ def test_rank_cutoff_fuses_and_equality(collection):
     assert (index.mean_retriever() % 5).compile() == index.mean_retriever(num_results=5)
     # the per-vector lists keep their length: only the merged list is cut
     assert (index.multiquery_retriever() % 5).compile() == index.multiquery_retriever(num_results=5, per_vector_results=1000)
+
+
+def test_overwrite_replaces_only_an_index(tmp_path):
+    folder = tmp_path / 'mine'
+    folder.mkdir()
+    (folder / 'keep.txt').write_text('precious')
+    for overwrite in (False, True):
+        with pytest.raises(FileExistsError, match='not a MultiVectorIndex .*no pt_meta.json'):
+            MultiVectorIndex(folder, verbose=False).indexer(overwrite=overwrite).index(random_collection(3))
+    assert (folder / 'keep.txt').read_text() == 'precious'
+    (tmp_path / 'file').write_text('x')
+    with pytest.raises(FileExistsError, match='is a file, not an index folder'):
+        MultiVectorIndex(tmp_path / 'file', verbose=False).indexer(overwrite=True).index(random_collection(3))
+    (tmp_path / 'other').mkdir()
+    (tmp_path / 'other' / 'pt_meta.json').write_text('{"type": "dense_index", "format": "flex"}')
+    with pytest.raises(FileExistsError, match='dense_index/flex artifact'):
+        MultiVectorIndex(tmp_path / 'other', verbose=False).indexer(overwrite=True).index(random_collection(3))
+    assert (tmp_path / 'file').read_text() == 'x' and len(list((tmp_path / 'other').iterdir())) == 1
+    # an empty folder is built into; an index is replaced only with overwrite=True
+    (tmp_path / 'empty').mkdir()
+    index = MultiVectorIndex(tmp_path / 'empty', verbose=False).index(random_collection(3))
+    assert len(index) == 3
+    with pytest.raises(FileExistsError, match='an index already exists'):
+        index.index(random_collection(4))
+    assert len(index.indexer(overwrite=True).index(random_collection(4))) == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['empty', 'file', 'mine', 'other']
+
+
+@pytest.mark.parametrize('docnos', [['d1'], ['a'], ['0'], ['7'], [f'doc-{i}-x' for i in range(300)] + ['z' * 30]])
+def test_docnos_npids_cannot_store_alone(tmp_path, docnos):
+    # a one-document index, and a last document that opens a new npids block on its own, used to divide by zero
+    records = [{'docno': d, 'doc_vec': np.full(4, i + 1, dtype=np.float32)} for i, d in enumerate(docnos)]
+    index = MultiVectorIndex(tmp_path / 'mvi', verbose=False).index(records)
+    out = index.maxsim_retriever(num_results=len(docnos))(topics_frame([np.ones((1, 4))]))
+    assert out['docno'].tolist() == docnos[::-1]
+
+
+@pytest.mark.parametrize('docnos, match', [
+    (['d1', 'd2', 'd1'], "docno 'd1' occurs more than once \\(documents 0 and 2\\)"),
+    (['d1', 'd1'], "docno 'd1' occurs more than once"),
+    ([1, 2], "docno 1 \\(int\\) is not a non-empty string.*str\\(\\)"),
+    (['a', ''], "docno '' \\(str\\) is not a non-empty string"),
+])
+def test_bad_docnos_are_named(tmp_path, docnos, match):
+    records = [{'docno': d, 'doc_vec': np.ones(4)} for d in docnos]
+    with pytest.raises(ValueError, match=match):
+        MultiVectorIndex(tmp_path / 'mvi', verbose=False).index(records)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_non_finite_vectors_are_named(collection, tmp_path):
+    _, index = collection
+    embs = np.ones((2, 4), dtype=np.float32)
+    embs[1, 2] = np.nan
+    with pytest.raises(ValueError, match="document 'b' has non-finite values"):
+        MultiVectorIndex(tmp_path / 'mvi', verbose=False).index([{'docno': 'a', 'doc_embs': np.ones((1, 4))},
+                                                                 {'docno': 'b', 'doc_embs': embs}])
+    with pytest.raises(ValueError, match="document 'a' has non-finite values .*beyond float16"):
+        MultiVectorIndex(tmp_path / 'mvi', verbose=False).indexer(dtype='float16').index(
+            [{'docno': 'a', 'doc_vec': np.full(4, 1e6)}])
+    assert list(tmp_path.iterdir()) == []
+    for value in (np.nan, np.inf):
+        query = np.ones((2, 16), dtype=np.float32)
+        query[1, 0] = value
+        topics = topics_frame([np.ones((1, 16)), query])
+        scored = pd.DataFrame({'qid': 'q1', 'query': 'x', 'docno': ['d0'], 'score': [0.], 'query_embs': [query]})
+        for transformer, frame in ((index.maxsim_retriever(), topics), (index.maxsim_retriever(exact=False, ann='flat'), topics),
+                                   (index.mean_retriever(), topics), (index.maxsim_scorer(), scored),
+                                   *((index.multiquery_retriever(merge), topics) for merge in ('round_robin', 'score_sum', 'rrf'))):
+            with pytest.raises(ValueError, match="query 'q1': query_embs has non-finite values"):
+                transformer(frame)
+
+
+def test_a_query_without_vectors_is_named(collection):
+    _, index = collection
+    for merge in ('round_robin', 'score_sum', 'rrf'):
+        with pytest.raises(ValueError, match="query 'q1': query_embs must be a non-empty 2-D array.*\\(0, 16\\)"):
+            index.multiquery_retriever(merge)(topics_frame([np.ones((1, 16)), np.zeros((0, 16))]))
+
+
+@pytest.mark.parametrize('meta, match', [
+    ([], 'holds a JSON list, not an object'),
+    ({'type': 'multi_vector_index', 'format': 'mvi', 'dim': 16, 'doc_count': 300, 'vec_count': 10}, "dtype None"),
+    ({'dtype': 'float64'}, "dtype 'float64'; expected one of \\['float32', 'float16'\\]"),
+    ({'doc_count': '300'}, "doc_count must be a positive integer, got '300'"),
+    ({'dim': 0}, 'dim must be a positive integer'),
+])
+def test_corrupt_metadata_is_named(collection, tmp_path, meta, match):
+    import shutil
+    _, index = collection
+    shutil.copytree(index.path, tmp_path / 'copy')
+    if isinstance(meta, dict) and 'type' not in meta:
+        meta = {**json.loads((index.path / 'pt_meta.json').read_text()), **meta}
+    (tmp_path / 'copy' / 'pt_meta.json').write_text(json.dumps(meta))
+    with pytest.raises(CorruptIndexError, match=match):
+        MultiVectorIndex(tmp_path / 'copy').payload()
+
+
+def test_stale_build_folders_are_cleaned(tmp_path):
+    import subprocess
+    import sys
+    dead = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    stale = tmp_path / f'.mvi.building-{dead_pid}'
+    stale.mkdir()
+    (stale / 'vecs.f4').write_bytes(b'\0' * 64)
+    alive = tmp_path / f'.mvi.building-{os.getppid()}'  # a build still running elsewhere is left alone
+    alive.mkdir()
+    MultiVectorIndex(tmp_path / 'mvi', verbose=False).index(random_collection(3))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [alive.name, 'mvi']
+
+
+@pytest.mark.parametrize('exact', [True, False])
+def test_retriever_follows_a_rebuilt_index(tmp_path, exact):
+    first = [{'docno': f'a{i}', 'doc_vec': np.eye(4, dtype=np.float32)[i]} for i in range(4)]
+    second = [{'docno': f'b{i}', 'doc_vec': np.eye(4, dtype=np.float32)[3 - i]} for i in range(4)]
+    retriever = MultiVectorIndex(tmp_path / 'mvi', verbose=False).index(first).maxsim_retriever(
+        num_results=1, exact=exact, ann='flat')
+    topics = topics_frame([np.eye(4, dtype=np.float32)[:1]])
+    assert retriever(topics)['docno'].tolist() == ['a0']
+    MultiVectorIndex(tmp_path / 'mvi', verbose=False).indexer(overwrite=True).index(second)  # another object, as another process would
+    assert retriever(topics)['docno'].tolist() == ['b3']

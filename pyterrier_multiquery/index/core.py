@@ -1,7 +1,11 @@
 """On-disk storage of the MultiVectorIndex: a variable number of vectors per document, memory-mapped."""
 import json
+import os
+import uuid
+import zlib
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterable, Union
+from typing import Dict, Iterable, Tuple, Union
 
 import more_itertools
 import numpy as np
@@ -12,6 +16,7 @@ import pyterrier_alpha as pta
 from pyterrier_multiquery._files import building
 
 _DTYPES = {'float32': ('vecs.f4', np.float32), 'float16': ('vecs.f2', np.float16)}
+_CHECKSUMMED = ('offsets.i8', 'docnos.npids')  # the vectors are not: checking them would read the whole corpus
 
 
 class CorruptIndexError(ValueError):
@@ -38,13 +43,14 @@ class MultiVectorIndex(pta.Artifact, pt.Indexer):
         self.path = Path(path)
         self.verbose = verbose
         self._payload = None
+        self._meta_bytes = None
 
     def built(self) -> bool:
         """Whether a finished index is at ``path``."""
         return (self.path / 'pt_meta.json').exists()
 
     def payload(self):
-        """Loads (once) and checks the index files.
+        """Loads and checks the index files, again whenever ``pt_meta.json`` shows the index was rebuilt.
 
         Returns:
             ``(meta, vectors, offsets, docnos)``: the metadata dict, the memory-mapped ``(vec_count, dim)`` vectors,
@@ -54,8 +60,10 @@ class MultiVectorIndex(pta.Artifact, pt.Indexer):
             FileNotFoundError: If no finished index is at ``path``.
             CorruptIndexError: If a file is truncated or disagrees with the metadata.
         """
-        if self._payload is None:
-            self._payload = _load(self.path)
+        meta, raw = _read_meta(self.path)
+        if self._payload is None or raw != self._meta_bytes:
+            self._payload = _load(self.path, meta)
+            self._meta_bytes = raw
         return self._payload
 
     def __len__(self):
@@ -70,7 +78,8 @@ class MultiVectorIndex(pta.Artifact, pt.Indexer):
 
         Args:
             dtype: Storage type of the vectors, ``float32`` or ``float16``.
-            overwrite: Whether to replace an existing index (only once the new one is complete).
+            overwrite: Whether to replace an existing MultiVectorIndex (only once the new one is complete); a
+                folder that is not one is never replaced.
         """
         return MultiVectorIndexer(self, dtype=dtype, overwrite=overwrite)
 
@@ -117,11 +126,16 @@ class MultiVectorIndexer(pt.Indexer):
         return [['docno', 'doc_embs'], ['docno', 'doc_vec']]
 
     def index(self, inp: Iterable[Dict]) -> MultiVectorIndex:
-        """Indexes the records and returns the finished index."""
-        from npids import Lookup
+        """Indexes the records and returns the finished index.
+
+        Raises:
+            FileExistsError: If ``path`` holds an index and ``overwrite`` is False, or holds anything else that is
+                not an empty folder (``overwrite`` only ever replaces a MultiVectorIndex).
+            ValueError: If a record is malformed: a docno that is not a non-empty string or occurs twice, vectors
+                that are not a non-empty 2-D array of finite numbers of the same size as the other documents'.
+        """
         path = self.index_ref.path
-        if path.exists() and not self.overwrite:
-            raise FileExistsError(f'an index already exists at {str(path)!r}; use indexer(overwrite=True) to replace it')
+        _check_target(path, self.overwrite)
         if isinstance(inp, pd.DataFrame):
             inp = inp.to_dict(orient='records')
         inp = more_itertools.peekable(inp)
@@ -133,21 +147,24 @@ class MultiVectorIndexer(pt.Indexer):
         dim, offsets = None, [0]
         with building(path) as tmp:
             tmp.mkdir()
-            with open(tmp / file_name, 'wb') as vecs, Lookup.builder(tmp / 'docnos.npids') as docnos:
+            with open(tmp / file_name, 'wb') as vecs, _docno_builder(tmp / 'docnos.npids') as docnos:
                 for record in inp:
-                    embs = _record_embs(record)
+                    docno = _record_docno(record)
+                    embs = _record_embs(record, docno, dtype)
                     if dim is None:
                         dim = embs.shape[1]
                     elif embs.shape[1] != dim:
-                        raise ValueError(f'document {record["docno"]!r} has vectors of size {embs.shape[1]}, '
+                        raise ValueError(f'document {docno!r} has vectors of size {embs.shape[1]}, '
                                          f'expected {dim} as the earlier documents')
-                    vecs.write(embs.astype(dtype).tobytes())
-                    docnos.add(record['docno'])
+                    vecs.write(embs.tobytes())
+                    docnos.add(docno)
                     offsets.append(offsets[-1] + embs.shape[0])
+            _check_unique(tmp / 'docnos.npids', len(offsets) - 1)
             np.asarray(offsets, dtype=np.int64).tofile(tmp / 'offsets.i8')
             meta = {'type': MultiVectorIndex.ARTIFACT_TYPE, 'format': MultiVectorIndex.ARTIFACT_FORMAT,
                     'package_hint': 'pyterrier-multiquery', 'dtype': self.dtype, 'dim': dim,
-                    'doc_count': len(offsets) - 1, 'vec_count': offsets[-1]}
+                    'doc_count': len(offsets) - 1, 'vec_count': offsets[-1], 'build_id': uuid.uuid4().hex,
+                    'crc32': {name: _crc32(tmp / name) for name in _CHECKSUMMED}}
             (tmp / 'pt_meta.json').write_text(json.dumps(meta))
         self.index_ref._payload = None
         return self.index_ref
@@ -156,36 +173,141 @@ class MultiVectorIndexer(pt.Indexer):
         return f'{self.index_ref!r}.indexer(dtype={self.dtype!r}, overwrite={self.overwrite!r})'
 
 
-def _record_embs(record: Dict) -> np.ndarray:
-    if 'doc_embs' in record:
-        embs = np.asarray(record['doc_embs'], dtype=np.float32)
-    elif 'doc_vec' in record:
-        embs = np.asarray(record['doc_vec'], dtype=np.float32).reshape(1, -1)
-    else:
-        raise KeyError(f'document {record.get("docno")!r} has neither doc_embs nor doc_vec; found {sorted(record)}')
+def _check_target(path: Path, overwrite: bool) -> None:
+    """Raises unless an index may be written at ``path``: nothing there, an empty folder, or (with ``overwrite``)
+    a MultiVectorIndex."""
+    if not os.path.lexists(path) or (path.is_dir() and not any(path.iterdir())):
+        return
+    if not path.is_dir():
+        raise FileExistsError(f'{str(path)!r} is a file, not an index folder; choose another path for the index')
+    try:
+        _read_meta(path)
+    except FileNotFoundError:
+        raise FileExistsError(f'{str(path)!r} is a folder that is not a MultiVectorIndex (it has no pt_meta.json); '
+                              'choose another path: overwrite=True only replaces an index') from None
+    except CorruptIndexError as e:
+        raise FileExistsError(f'{str(path)!r} is not a readable MultiVectorIndex ({e}); overwrite=True only '
+                              'replaces an index: remove the folder yourself if it can go') from None
+    if not overwrite:
+        raise FileExistsError(f'an index already exists at {str(path)!r}; use indexer(overwrite=True) to replace it')
+
+
+@contextmanager
+def _docno_builder(path: Path):
+    """npids' Lookup builder, with its fixed-bytes codec kept from storing ids of zero bytes.
+
+    npids 0.1.3 strips the prefix shared by a block's ids; a block of one id (a one-document index, or the last
+    document when it opens a new block) becomes all prefix, and reading the zero-width records back divides by
+    zero. The codec here keeps at least the last byte of each id out of the prefix; the file format is unchanged.
+    """
+    from npids import Lookup
+    from npids.codecs import FwdFixedBytes
+
+    class NonEmptyFixedBytes(FwdFixedBytes):
+        def seed(self, id):
+            super().seed(id)
+            self.prefix = self.prefix[:self.length - 1]
+            return True
+
+    with Lookup.builder(path) as builder:
+        builder.formats[FwdFixedBytes.NAME] = NonEmptyFixedBytes()
+        builder.seeded_formats = builder.formats.copy()
+        yield builder
+
+
+def _record_docno(record: Dict) -> str:
+    if 'docno' not in record:
+        raise KeyError(f'a document has no docno; found {sorted(record)}')
+    docno = record['docno']
+    if not isinstance(docno, str) or not docno or '\0' in docno:
+        raise ValueError(f'docno {docno!r} ({type(docno).__name__}) is not a non-empty string without NUL characters; '
+                         'docnos are strings in PyTerrier: convert them with str()')
+    return docno
+
+
+def _record_embs(record: Dict, docno: str, dtype) -> np.ndarray:
+    column = 'doc_embs' if 'doc_embs' in record else 'doc_vec'
+    if column not in record:
+        raise KeyError(f'document {docno!r} has neither doc_embs nor doc_vec; found {sorted(record)}')
+    try:
+        embs = np.asarray(record[column], dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f'document {docno!r}: {column} is not an array of numbers ({e})') from None
+    if column == 'doc_vec':
+        embs = embs.reshape(1, -1)
     if embs.ndim != 2 or embs.shape[0] == 0 or embs.shape[1] == 0:
-        raise ValueError(f'document {record.get("docno")!r}: doc_embs must be a non-empty 2-D array, got shape {embs.shape}')
+        raise ValueError(f'document {docno!r}: doc_embs must be a non-empty 2-D array, got shape {embs.shape}')
+    with np.errstate(over='ignore'):  # values beyond float16 become inf, reported below
+        embs = embs.astype(dtype)
+    if not np.isfinite(embs).all():
+        beyond = ', or beyond float16' if dtype == np.float16 else ''
+        raise ValueError(f'document {docno!r} has non-finite values (NaN or inf{beyond}) in {column}; '
+                         'remove or repair it before indexing')
     return embs
 
 
-def _load(path: Path):
+def _check_unique(path: Path, count: int, chunk: int = 1 << 16) -> None:
+    """Raises naming the first docno that occurs twice (each docno must look up its own position)."""
     from npids import Lookup
+    with Lookup(path) as lookup:
+        for start in range(0, count, chunk):
+            ids = np.arange(start, min(count, start + chunk))
+            found = np.asarray(lookup.inv[lookup.fwd[ids]])
+            if (found != ids).any():
+                first = int(np.argmax(found != ids))
+                raise ValueError(f'docno {str(lookup.fwd[int(ids[first])])!r} occurs more than once (documents '
+                                 f'{min(found[first], ids[first])} and {max(found[first], ids[first])}); '
+                                 'docnos must be unique')
+
+
+def _crc32(path: Path) -> int:
+    checksum = 0
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(1 << 20), b''):
+            checksum = zlib.crc32(block, checksum)
+    return checksum
+
+
+def _read_meta(path: Path) -> Tuple[dict, bytes]:
+    """``pt_meta.json`` of a MultiVectorIndex, checked, and its raw bytes (which change with every build)."""
     meta_file = path / 'pt_meta.json'
-    if not meta_file.exists():
+    if not meta_file.is_file():
         raise FileNotFoundError(f'no finished MultiVectorIndex at {str(path)!r} (pt_meta.json is missing)')
+    raw = meta_file.read_bytes()
     try:
-        meta = json.loads(meta_file.read_text())
-    except json.JSONDecodeError as e:
+        meta = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CorruptIndexError(f'{str(meta_file)!r} is not valid JSON: {e}') from None
+    if not isinstance(meta, dict):
+        raise CorruptIndexError(f'{str(meta_file)!r} holds a JSON {type(meta).__name__}, not an object')
     if (meta.get('type'), meta.get('format')) != (MultiVectorIndex.ARTIFACT_TYPE, MultiVectorIndex.ARTIFACT_FORMAT):
-        raise CorruptIndexError(f'{str(path)!r} holds a {meta.get("type")}/{meta.get("format")} artifact, not a MultiVectorIndex')
+        raise CorruptIndexError(f'{str(path)!r} holds a {meta.get("type")}/{meta.get("format")} artifact, '
+                                'not a MultiVectorIndex')
+    if meta.get('dtype') not in _DTYPES:
+        raise CorruptIndexError(f'{str(meta_file)!r} names dtype {meta.get("dtype")!r}; expected one of {list(_DTYPES)}')
+    for key in ('dim', 'doc_count', 'vec_count'):
+        if type(meta.get(key)) is not int or meta[key] < 1:
+            raise CorruptIndexError(f'{str(meta_file)!r}: {key} must be a positive integer, got {meta.get(key)!r}')
+    checksums = meta.get('crc32', {})
+    if not isinstance(checksums, dict) or set(checksums) - set(_CHECKSUMMED) or \
+            not all(type(v) is int for v in checksums.values()):
+        raise CorruptIndexError(f'{str(meta_file)!r}: crc32 must map {list(_CHECKSUMMED)} to integers, got {checksums!r}')
+    return meta, raw
+
+
+def _load(path: Path, meta: dict):
+    from npids import Lookup
     file_name, dtype = _DTYPES[meta['dtype']]
     expected = {file_name: meta['vec_count'] * meta['dim'] * np.dtype(dtype).itemsize,
                 'offsets.i8': (meta['doc_count'] + 1) * 8}
     for name, size in expected.items():
-        actual = (path / name).stat().st_size if (path / name).exists() else None
+        actual = (path / name).stat().st_size if (path / name).is_file() else None
         if actual != size:
             raise CorruptIndexError(f'{str(path / name)!r} has {actual} bytes, expected {size} from pt_meta.json')
+    for name, checksum in meta.get('crc32', {}).items():
+        if not (path / name).is_file() or _crc32(path / name) != checksum:
+            raise CorruptIndexError(f'{str(path / name)!r} is missing or changed since the index was built '
+                                    '(its CRC-32 differs from pt_meta.json)')
     offsets = np.fromfile(path / 'offsets.i8', dtype=np.int64)
     if offsets[0] != 0 or offsets[-1] != meta['vec_count'] or np.any(np.diff(offsets) <= 0):
         raise CorruptIndexError(f'{str(path / "offsets.i8")!r} is not an increasing sequence from 0 to {meta["vec_count"]}')

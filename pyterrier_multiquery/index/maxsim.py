@@ -131,10 +131,12 @@ class MaxSimRetriever(pt.Transformer):
     def _search_approximate(self, queries, vectors, offsets) -> List[Tuple[np.ndarray, np.ndarray]]:
         import torch
         from pyterrier_multiquery.index.ann import load_or_build, set_search_effort, to_device
-        if self._faiss is None:
-            self._faiss = to_device(load_or_build(self.index, self.ann, self.quantizer, verbose=self.verbose), self.device)
-            set_search_effort(self._faiss, self.ann, self.search_effort)
-        _, hits = self._faiss.search(np.concatenate(queries), self.candidates)
+        meta = self.index.payload()[0]
+        if self._faiss is None or self._faiss[0] != meta:  # first search, or the index was rebuilt
+            ann = to_device(load_or_build(self.index, self.ann, self.quantizer, verbose=self.verbose), self.device)
+            set_search_effort(ann, self.ann, self.search_effort)
+            self._faiss = (meta, ann)
+        _, hits = self._faiss[1].search(np.concatenate(queries), self.candidates)
         hit_docs = np.searchsorted(offsets, hits, side='right') - 1  # -1 marks an empty slot
         results, row = [], 0
         for query in queries:
@@ -231,13 +233,22 @@ def score_documents(query, docids: np.ndarray, vectors, offsets: np.ndarray, agg
 
 
 def query_embs(embs, dim: int, qid) -> np.ndarray:
-    """A query's vectors as a float32 ``(Q, dim)`` array (``query_vec`` rows are accepted as one vector)."""
-    embs = np.asarray(embs, dtype=np.float32)
+    """A query's vectors as a float32 ``(Q, dim)`` array (``query_vec`` rows are accepted as one vector).
+
+    Raises:
+        ValueError: Naming the query, if its vectors are not a non-empty 2-D array of finite numbers of size ``dim``.
+    """
+    try:
+        embs = np.asarray(embs, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f'query {qid!r}: query_embs is not an array of numbers ({e})') from None
     if embs.ndim == 1:
         embs = embs[None, :]
     if embs.ndim != 2 or embs.shape[0] == 0 or embs.shape[1] != dim:
         raise ValueError(f'query {qid!r}: query_embs must be a non-empty 2-D array with rows of size {dim} '
                          f'(the index\'s vector size), got shape {embs.shape}')
+    if not np.isfinite(embs).all():
+        raise ValueError(f'query {qid!r}: query_embs has non-finite values (NaN or inf); check the query encoder')
     return np.ascontiguousarray(embs)
 
 

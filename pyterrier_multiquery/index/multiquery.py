@@ -58,13 +58,16 @@ class MultiQueryRetriever(pt.Transformer):
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Retrieves for each query row (``qid``, ``query_embs``) and merges its vectors' lists."""
         pt.validate.query_frame(inp, extra_columns=['query_embs'])
+        from pyterrier_multiquery.index.maxsim import query_embs
         query_columns = [c for c in inp.columns if c != 'query_embs']
         if len(inp) == 0:
             return inp[query_columns].assign(docno=[], score=[], rank=[])
-        counts = inp['query_embs'].map(lambda embs: len(np.atleast_2d(embs)))
+        dim = self.index.payload()[0]['dim']
+        queries = [query_embs(embs, dim, qid) for qid, embs in zip(inp['qid'], inp['query_embs'])]
+        counts = [len(embs) for embs in queries]
         single = inp[query_columns].iloc[np.repeat(np.arange(len(inp)), counts)].reset_index(drop=True)
-        single = single.assign(vector=np.concatenate([np.arange(c) for c in counts] + [np.zeros(0, int)]),
-                               query_embs=[row[None, :] for embs in inp['query_embs'] for row in np.atleast_2d(embs)])
+        single = single.assign(vector=np.concatenate([np.arange(c) for c in counts]),
+                               query_embs=[row[None, :] for embs in queries for row in embs])
         lists = self.retriever(single)
         if self.merge == 'rrf':
             from pyterrier_alpha.fusion import rr_fusion
