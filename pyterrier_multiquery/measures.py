@@ -13,8 +13,13 @@ can be covered), as ir_measures' ``R@k`` does; a query absent from the qrels is 
 Ranking follows trec_eval: score descending, ties broken by docno descending; a docno retrieved twice for
 a query takes one place, at its highest score.
 """
+import contextlib
+import functools
+import numbers
+import sys
 from typing import Iterator, Tuple
 
+import pandas as pd
 from ir_measures import measures
 from ir_measures.util import Metric
 
@@ -72,6 +77,12 @@ class _MultiAnswerMeasure(measures.Measure):
     RUN_INPUTS = ['query_id', 'doc_id', 'score']
     QREL_INPUTS = ['query_id', 'doc_id', 'relevance', 'iteration']
 
+    def __init__(self, **params):
+        cutoff = params.get('cutoff')
+        if cutoff is not None and (isinstance(cutoff, bool) or not isinstance(cutoff, numbers.Integral) or cutoff < 1):
+            raise ValueError(f'{self.NAME}@k needs a whole number k >= 1 (the top k passages that count), got {cutoff!r}')
+        super().__init__(**params)
+
     def runtime_impl(self, qrels, run):
         """Computes the measure per query (called by ir_measures' runtime provider)."""
         cutoff = self['cutoff']
@@ -103,9 +114,61 @@ class _AnswerRecall(_MultiAnswerMeasure):
         return covered / total if total else 0.
 
 
+_SINGLE_SUBTOPIC_WARNING = 'WARNING: All queries have only 1 subtopic!'
+
+
+def subtopics_given_or_moot(qrels) -> bool:
+    """Whether ndeval's "All queries have only 1 subtopic!" warning does not apply to these qrels.
+
+    The warning guards against diversity qrels passed without their subtopics. It does not apply when the qrels
+    frame carries an ``iteration`` column (the subtopics, here answer ids, were given: the collection has one
+    answer per query), nor when no query has more than one relevant passage (subtopics cannot change a measure).
+    Qrels that are not a frame are left to the warning.
+    """
+    if not isinstance(qrels, pd.DataFrame):
+        return False
+    if 'iteration' in qrels.columns:
+        return True
+    relevant = qrels[qrels['relevance'] > 0] if 'relevance' in qrels.columns else qrels
+    return 'query_id' in qrels.columns and not relevant['query_id'].duplicated().any()
+
+
+class _WithoutLine:
+    """A stderr that drops writes starting with ``prefix``."""
+
+    def __init__(self, stream, prefix: str):
+        self.stream = stream
+        self.prefix = prefix
+
+    def write(self, text):
+        return len(text) if text.startswith(self.prefix) else self.stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def _silence_single_subtopic_warning_where_moot() -> None:
+    """Wraps ir_measures' pyndeval provider so it prints its one-subtopic warning only where it applies."""
+    from ir_measures.providers.pyndeval_provider import PyNdEvalProvider
+    evaluator = PyNdEvalProvider._evaluator
+    if getattr(evaluator, '_pyterrier_multiquery', False):
+        return
+
+    @functools.wraps(evaluator)
+    def _evaluator(self, measures, qrels):
+        if not subtopics_given_or_moot(qrels):
+            return evaluator(self, measures, qrels)
+        with contextlib.redirect_stderr(_WithoutLine(sys.stderr, _SINGLE_SUBTOPIC_WARNING)):
+            return evaluator(self, measures, qrels)
+
+    _evaluator._pyterrier_multiquery = True
+    PyNdEvalProvider._evaluator = _evaluator
+
+
 MRecall = _MRecall()
 AnswerRecall = _AnswerRecall()
 measures.register(MRecall)
 measures.register(AnswerRecall)
+_silence_single_subtopic_warning_where_moot()
 
 __all__ = ['MRecall', 'AnswerRecall', 'answer_coverage']

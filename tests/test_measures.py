@@ -165,3 +165,25 @@ def test_matches_reference_implementation(q_rows, r_rows, k):
     for qid, (covered, total) in expected.items():
         assert mrecall[qid] == (1. if total and covered >= min(total, k) else 0.)
         assert arecall[qid] == pytest.approx(covered / total if total else 0.)
+
+
+@pytest.mark.parametrize('k', [0, -1, 2.5, True])
+def test_cutoff_below_one_is_rejected(k):
+    with pytest.raises(ValueError, match=f'MRecall@k needs a whole number k >= 1.*got {k!r}'):
+        MRecall@k
+    with pytest.raises(ValueError, match='AnswerRecall@k needs a whole number k >= 1'):
+        AnswerRecall@k
+    with pytest.raises(ValueError, match='MRecall@k needs a whole number k >= 1'):
+        ir_measures.parse_measure('MRecall@0')
+
+
+def test_ndeval_single_subtopic_warning_only_where_it_applies(capfd):
+    run = run_frame([('1', 'a', 2.), ('1', 'b', 1.), ('2', 'c', 1.)])
+    one_answer_each = qrels_frame([('1', 'a', 1, '1'), ('1', 'b', 1, '1'), ('2', 'c', 1, '1')])
+    one_passage_each = qrels_frame([('1', 'a', 1, '0'), ('2', 'c', 1, '0')]).drop(columns='iteration')
+    forgotten = one_answer_each.drop(columns='iteration')  # diversity qrels without their subtopics
+    for qrels, warned in ((one_answer_each, False), (one_passage_each, False), (forgotten, True)):
+        values = per_query(ir_measures.alpha_nDCG@10, qrels, run)
+        assert set(values) == {'1', '2'}
+        err = capfd.readouterr().err
+        assert ('All queries have only 1 subtopic!' in err) == warned, err
