@@ -12,6 +12,9 @@ can be covered), as ir_measures' ``R@k`` does; a query absent from the qrels is 
 
 Ranking follows trec_eval: score descending, ties broken by docno descending; a docno retrieved twice for
 a query takes one place, at its highest score.
+
+Importing this module also keeps ir_measures' ndeval provider from printing "All queries have only 1 subtopic!"
+where the warning does not apply (see :func:`subtopics_given_or_moot`).
 """
 import contextlib
 import functools
