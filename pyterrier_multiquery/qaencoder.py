@@ -43,6 +43,23 @@ def text_fingerprint(text: str, queries: Sequence[str], beta: float, rng: np.ran
     return text + appended
 
 
+def query_lists(docnos: Iterable[str], querygen: Iterable) -> List[List[str]]:
+    """Each document's generated queries as a list of strings.
+
+    Raises:
+        TypeError: Naming the document, if its ``querygen`` is a string (which would be split into characters)
+            or anything else than a sequence of strings.
+    """
+    lists = []
+    for docno, queries in zip(docnos, querygen):
+        if isinstance(queries, (str, bytes)) or not isinstance(queries, (list, tuple, np.ndarray, pd.Series)) or \
+                not all(isinstance(q, str) for q in queries):
+            raise TypeError(f'querygen of docno {docno!r} must be a list of query strings, got {queries!r}; '
+                            'wrap a single query as [query]')
+        lists.append(list(queries))
+    return lists
+
+
 class QAEncoder(pt.Transformer):
     """Encodes documents (``docno``, ``text``, ``querygen``) with a pyterrier_dr bi-encoder, the QAEncoder way.
 
@@ -108,7 +125,7 @@ class QAEncoder(pt.Transformer):
         if len(inp) == 0:
             out[self.output_column] = pd.Series(dtype=object)
             return out
-        queries = [list(q) for q in inp['querygen']]
+        queries = query_lists(inp['docno'], inp['querygen'])
         empty = [docno for docno, q in zip(inp['docno'], queries) if len(q) == 0]
         if empty:
             raise ValueError(f'QAEncoder needs at least one generated query per document; none for docno(s) {empty[:5]}')
@@ -171,7 +188,7 @@ def grid_search(encoder: pt.Transformer, documents: pd.DataFrame, topics: pd.Dat
     pta.validate.columns(documents, includes=['docno', 'text', 'querygen'])
     measure = measure or ir_measures.nDCG @ 10
     query_vectors = normalise(encoder.encode_queries(list(topics['query'])))
-    queries = [list(q) for q in documents['querygen']]
+    queries = query_lists(documents['docno'], documents['querygen'])
     qae = QAEncoder(encoder, method, seed=seed)
     if method == 'emb':
         fingerprints = {None: normalise(encoder.encode_docs(list(documents['text'])))}

@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -120,6 +122,15 @@ def test_bad_inputs_are_named(docs):
         QAEncoder(BagOfWords(VOCAB))(bad)
     empty = QAEncoder(BagOfWords(VOCAB))(docs.iloc[:0])
     assert 'doc_vec' in empty.columns and len(empty) == 0
+
+
+@pytest.mark.parametrize('querygen', ['who einstein', None, ['who', 3]])
+@pytest.mark.parametrize('method', ['base', 'txt', 'naive'])
+def test_querygen_that_is_not_a_list_of_strings_is_named(docs, querygen, method):
+    bad = docs.copy()
+    bad['querygen'] = [['who moon'], querygen]  # a string used to be split into one query per character
+    with pytest.raises(TypeError, match=f"querygen of docno 'd2' must be a list of query strings, got {re.escape(repr(querygen))}"):
+        QAEncoder(BagOfWords(VOCAB), method)(bad)
 
 
 def test_grid_search_finds_the_alpha_that_ranks_the_relevant_document_first():
