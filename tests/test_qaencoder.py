@@ -129,7 +129,8 @@ def test_bad_inputs_are_named(docs):
 def test_querygen_that_is_not_a_list_of_strings_is_named(docs, querygen, method):
     bad = docs.copy()
     bad['querygen'] = [['who moon'], querygen]  # a string used to be split into one query per character
-    with pytest.raises(TypeError, match=f"querygen of docno 'd2' must be a list of query strings, got {re.escape(repr(querygen))}"):
+    match = f"querygen of docno 'd2' must be a list of query strings, got {re.escape(repr(querygen))}"
+    with pytest.raises(TypeError, match=match):
         QAEncoder(BagOfWords(VOCAB), method)(bad)
 
 
