@@ -49,8 +49,8 @@ class MMR(pt.Transformer):
     """Maximal Marginal Relevance re-ranking (Carbonell & Goldstein, 1998), the AMER paper's Eq. 3.
 
     Documents are picked greedily by ``Lambda * score(q, d) - (1 - Lambda) * max_{d' picked} cos(d, d')``
-    over the top ``depth`` of the input, which must carry ``doc_vec``; the redundancy term is 0 for the
-    first pick. The output scores are ``-rank``, so they keep the MMR order.
+    over the top ``depth`` of the input, which must carry ``score`` and ``doc_vec`` (finite; vectors non-zero);
+    the redundancy term is 0 for the first pick. The output scores are ``-rank``, so they keep the MMR order.
 
     pyterrier_dr's ``MmrScorer`` is not used: it starts the running maximum at 0, so negative cosine
     similarities count as 0 rather than as Eq. 3's maximum, and at ``Lambda = 1`` it masks picked documents
@@ -77,7 +77,8 @@ class MMR(pt.Transformer):
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Re-ranks each query's top ``depth`` documents by MMR."""
-        pt.validate.result_frame(inp, extra_columns=['doc_vec'])
+        pt.validate.result_frame(inp, extra_columns=['score', 'doc_vec'])
+        _check_mmr_input(inp)
         inp = inp.sort_values(['qid', 'score'], ascending=[True, False], kind='stable').groupby('qid').head(self.depth)
         groups = inp.groupby('qid', sort=False)
         if self.verbose:
@@ -112,3 +113,26 @@ class MMR(pt.Transformer):
 
     def __hash__(self):
         return hash((MMR, self.Lambda, self.depth, self.drop_doc_vec))
+
+
+def _check_mmr_input(inp: pd.DataFrame) -> None:
+    """Raises naming the first row whose score is not finite or whose doc_vec is not a finite, non-zero vector of
+    the same size as the others (cosine similarity needs one)."""
+    scores = pd.to_numeric(inp['score'], errors='coerce').to_numpy(dtype=float)
+    if not np.isfinite(scores).all():
+        row = inp.iloc[int(np.argmin(np.isfinite(scores)))]
+        raise ValueError(f'MMR: qid {row["qid"]!r}, docno {row["docno"]!r} has score {row["score"]}; '
+                         'scores must be finite numbers')
+    size = None
+    for qid, docno, vec in zip(inp['qid'], inp['docno'], inp['doc_vec']):
+        try:
+            vec = np.asarray(vec, dtype=float)
+        except (TypeError, ValueError):
+            vec = np.full(0, np.nan)
+        problem = ('is not a 1-D vector of numbers' if vec.ndim != 1 or len(vec) == 0 else
+                   f'has {len(vec)} values, the earlier ones {size}' if size is not None and len(vec) != size else
+                   'has non-finite values (NaN or inf)' if not np.isfinite(vec).all() else
+                   'is all zeros (it has no cosine similarity)' if not vec.any() else None)
+        if problem:
+            raise ValueError(f'MMR: the doc_vec of qid {qid!r}, docno {docno!r} {problem}')
+        size = len(vec)

@@ -77,6 +77,21 @@ def test_mmr_bad_input():
         MMR(0.5)(result_frame([1.], [[1, 0]]).drop(columns='doc_vec'))
     empty = MMR(0.5)(result_frame([], np.zeros((0, 2))))
     assert len(empty) == 0 and {'qid', 'docno', 'score', 'rank'} <= set(empty.columns)
+    with pytest.raises(pt.validate.InputValidationError, match='score'):
+        MMR(0.5)(result_frame([1.], [[1, 0]]).drop(columns='score'))
+    for scores, vectors, match in (([np.nan, 1.], [[1, 0], [0, 1]], "docno 'd0' has score nan; scores must be finite"),
+                                   ([1., 1.], [[1, 0], [0, np.inf]], "docno 'd1' has non-finite values"),
+                                   ([1., 1.], [[1, 0], [0, 0]], "docno 'd1' is all zeros"),
+                                   ([1., 1.], [[1, 0], [0, 1, 0]], "docno 'd1' has 3 values, the earlier ones 2")):
+        frame = pd.DataFrame({'qid': '1', 'query': 'q', 'docno': ['d0', 'd1'], 'score': scores, 'doc_vec': vectors})
+        with pytest.raises(ValueError, match=match):
+            MMR(0.5)(frame)
+
+
+def test_mmr_declares_the_columns_it_needs():
+    assert pt.inspect.transformer_inputs(MMR(0.5)) == [['qid', 'docno', 'score', 'doc_vec']]
+    outputs = pt.inspect.transformer_outputs(MMR(0.5), ['qid', 'docno', 'score', 'doc_vec'])
+    assert outputs == ['qid', 'docno', 'score', 'rank']
 
 
 def test_mmr_equality():
