@@ -7,6 +7,8 @@ from typing import Optional
 import numpy as np
 import pyterrier as pt
 
+from pyterrier_multiquery._files import remove_stale
+
 ANN_KINDS = ('flat', 'ivf', 'hnsw')
 
 
@@ -34,12 +36,14 @@ def faiss_factory(kind: str, quantizer: Optional[str], vec_count: int) -> str:
 def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, verbose: bool = True):
     """Loads the FAISS index of ``index``'s vectors for (kind, quantizer), building and caching it the first time.
 
-    The FAISS file lives in the index folder, written under a temporary name and renamed once complete.
+    The FAISS file lives in the index folder, written under a temporary name and renamed once complete (the
+    temporary files of killed builds are removed).
 
     Returns:
         The CPU :class:`faiss.Index` (inner-product metric).
     """
     import faiss
+    from pyterrier_multiquery.index.core import CorruptIndexError
     meta, vectors, _, _ = index.payload()
     factory = faiss_factory(kind, quantizer, meta['vec_count'])
     path = Path(index.path) / f'ann.{factory.replace(",", "_")}.faiss'
@@ -47,7 +51,8 @@ def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, 
         try:
             return faiss.read_index(str(path))
         except RuntimeError as e:
-            raise ValueError(f'FAISS file {str(path)!r} cannot be read (delete it to rebuild): {e}') from None
+            raise CorruptIndexError(f'FAISS file {str(path)!r} cannot be read (delete it to rebuild): {e}') from None
+    remove_stale(path.parent, f'.{path.name}.tmp-')  # left by builds that were killed
     ann = faiss.index_factory(meta['dim'], factory, faiss.METRIC_INNER_PRODUCT)
     if not ann.is_trained:
         rng = np.random.default_rng(0)
