@@ -177,7 +177,7 @@ def test_corrupt_faiss_file_is_named(collection, tmp_path):
     copy.maxsim_retriever(exact=False, ann='flat')(topics_frame([np.ones((1, 16))]))
     ann_file = tmp_path / 'copy' / 'ann.Flat.faiss'
     ann_file.write_bytes(b'not a faiss index')
-    with pytest.raises(ValueError, match='cannot be read'):
+    with pytest.raises(CorruptIndexError, match='ann.Flat.faiss.*cannot be read'):
         copy.maxsim_retriever(exact=False, ann='flat')(topics_frame([np.ones((1, 16))]))
 
 
