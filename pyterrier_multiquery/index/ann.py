@@ -43,6 +43,7 @@ def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, 
         The CPU :class:`faiss.Index` (inner-product metric).
     """
     import faiss
+
     from pyterrier_multiquery.index.core import CorruptIndexError
     meta, vectors, _, _ = index.payload()
     factory = faiss_factory(kind, quantizer, meta['vec_count'])

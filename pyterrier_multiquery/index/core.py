@@ -198,21 +198,33 @@ def _docno_builder(path: Path):
 
     npids 0.1.3 strips the prefix shared by a block's ids; a block of one id (a one-document index, or the last
     document when it opens a new block) becomes all prefix, and reading the zero-width records back divides by
-    zero. The codec here keeps at least the last byte of each id out of the prefix; the file format is unchanged.
+    zero. It also cuts the prefix inside a multi-byte character ('é' and 'è' share one byte), which it cannot
+    decode. The codec here keeps at least the last byte of each id out of the prefix and ends the prefix on a
+    whole character; the file format is unchanged.
     """
     from npids import Lookup
     from npids.codecs import FwdFixedBytes
 
-    class NonEmptyFixedBytes(FwdFixedBytes):
+    class WholeCharacterFixedBytes(FwdFixedBytes):
         def seed(self, id):
             super().seed(id)
             self.prefix = self.prefix[:self.length - 1]
+            while self.prefix and not _decodes(self.prefix):
+                self.prefix = self.prefix[:-1]
             return True
 
     with Lookup.builder(path) as builder:
-        builder.formats[FwdFixedBytes.NAME] = NonEmptyFixedBytes()
+        builder.formats[FwdFixedBytes.NAME] = WholeCharacterFixedBytes()
         builder.seeded_formats = builder.formats.copy()
         yield builder
+
+
+def _decodes(prefix: bytes) -> bool:
+    try:
+        prefix.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _record_docno(record: Dict) -> str:

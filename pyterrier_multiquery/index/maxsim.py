@@ -97,6 +97,7 @@ class MaxSimRetriever(pt.Transformer):
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Retrieves for each query row (``qid``, ``query_embs``)."""
         pt.validate.query_frame(inp, extra_columns=['query_embs'])
+        check_unique_qids(inp)
         meta, vectors, offsets, docnos = self.index.payload()
         queries = [query_embs(embs, meta['dim'], qid) for qid, embs in zip(inp['qid'], inp['query_embs'])]
         search = self._search_exact if self.exact else self._search_approximate
@@ -250,6 +251,14 @@ def query_embs(embs, dim: int, qid) -> np.ndarray:
     if not np.isfinite(embs).all():
         raise ValueError(f'query {qid!r}: query_embs has non-finite values (NaN or inf); check the query encoder')
     return np.ascontiguousarray(embs)
+
+
+def check_unique_qids(inp: pd.DataFrame) -> None:
+    """Raises naming the first qid that has more than one row in a query frame (its lists would be mixed)."""
+    repeated = inp['qid'].duplicated()
+    if repeated.any():
+        raise ValueError(f'qid {inp["qid"][repeated].iloc[0]!r} has more than one row; a query frame has one row '
+                         'per query (give each its own qid)')
 
 
 def lookup_docids(docnos, values: pd.Series) -> np.ndarray:

@@ -47,8 +47,9 @@ class MeanRetriever(pt.Transformer):
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Retrieves for each query row (``qid``, ``query_embs``)."""
-        from pyterrier_multiquery.index.maxsim import query_embs
+        from pyterrier_multiquery.index.maxsim import check_unique_qids, query_embs
         pt.validate.query_frame(inp, extra_columns=['query_embs'])
+        check_unique_qids(inp)
         dim = self.index.payload()[0]['dim']
         query_vecs = [self._pool(query_embs(embs, dim, qid)) for qid, embs in zip(inp['qid'], inp['query_embs'])]
         retriever = self.flex_index().np_retriever(num_results=self.num_results, drop_query_vec=True)

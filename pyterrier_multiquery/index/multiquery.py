@@ -58,35 +58,43 @@ class MultiQueryRetriever(pt.Transformer):
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Retrieves for each query row (``qid``, ``query_embs``) and merges its vectors' lists."""
         pt.validate.query_frame(inp, extra_columns=['query_embs'])
-        from pyterrier_multiquery.index.maxsim import query_embs
+        from pyterrier_multiquery.index.maxsim import check_unique_qids, query_embs
+        check_unique_qids(inp)
         query_columns = [c for c in inp.columns if c != 'query_embs']
         if len(inp) == 0:
             return inp[query_columns].assign(docno=[], score=[], rank=[])
         dim = self.index.payload()[0]['dim']
         queries = [query_embs(embs, dim, qid) for qid, embs in zip(inp['qid'], inp['query_embs'])]
         counts = [len(embs) for embs in queries]
-        single = inp[query_columns].iloc[np.repeat(np.arange(len(inp)), counts)].reset_index(drop=True)
-        single = single.assign(vector=np.concatenate([np.arange(c) for c in counts]),
-                               query_embs=[row[None, :] for embs in queries for row in embs])
+        single = pd.DataFrame({  # one row per query vector, each its own qid; position: the query's row in inp
+            'qid': [f'{position}.{vector}' for position, count in enumerate(counts) for vector in range(count)],
+            'query': '', 'position': np.repeat(np.arange(len(inp)), counts),
+            'vector': np.concatenate([np.arange(count) for count in counts]),
+            'query_embs': [row[None, :] for embs in queries for row in embs]})
         lists = self.retriever(single)
         if self.merge == 'rrf':
             from pyterrier_alpha.fusion import rr_fusion
-            frames = [frame.drop(columns='vector') for _, frame in lists.groupby('vector')]
-            merged = rr_fusion(*frames, k=self.rrf_k, num_results=self.num_results) if frames else lists.iloc[:0]
-            return inp[query_columns].merge(merged[['qid', 'docno', 'score', 'rank']], on='qid')
-        rows = []
-        for qid, frame in lists.groupby('qid', sort=False):
-            if self.merge == 'round_robin':
-                per_vector = [group['docno'].tolist() for _, group in frame.sort_values(['vector', 'rank']).groupby('vector')]
-                docnos = round_robin(per_vector, self.num_results)
-                rows.append(pd.DataFrame({'qid': qid, 'docno': docnos, 'score': -np.arange(len(docnos), dtype=float)}))
-            else:
-                sums = frame.groupby('docno', sort=False)['score'].sum()
-                rows.append(pd.DataFrame({'qid': qid, 'docno': sums.index, 'score': sums.to_numpy(dtype=float)}))
-        merged = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=['qid', 'docno', 'score'])
-        merged = pt.model.add_ranks(merged)
-        merged = merged[merged['rank'] < self.num_results]
-        return inp[query_columns].merge(merged, on='qid').sort_values(['qid', 'rank'], kind='stable').reset_index(drop=True)
+            frames = [frame.assign(qid=frame['position'].astype(str))[['qid', 'query', 'docno', 'score']]
+                      for _, frame in lists.groupby('vector')]
+            merged = rr_fusion(*frames, k=self.rrf_k, num_results=self.num_results)
+            merged = merged.assign(position=merged['qid'].astype(int))
+        else:
+            rows = []
+            for position, frame in lists.groupby('position', sort=False):
+                if self.merge == 'round_robin':
+                    ranked = frame.sort_values(['vector', 'rank']).groupby('vector')
+                    docnos = round_robin([group['docno'].tolist() for _, group in ranked], self.num_results)
+                    scores = -np.arange(len(docnos), dtype=float)
+                else:
+                    sums = frame.groupby('docno', sort=False)['score'].sum()
+                    docnos, scores = sums.index, sums.to_numpy(dtype=float)
+                rows.append(pd.DataFrame({'qid': position, 'position': position, 'docno': docnos, 'score': scores}))
+            merged = pt.model.add_ranks(pd.concat(rows, ignore_index=True))
+            merged = merged[merged['rank'] < self.num_results]
+        merged = merged.sort_values(['position', 'rank'], kind='stable')
+        out = inp[query_columns].iloc[merged['position'].to_numpy()].reset_index(drop=True)
+        return out.assign(docno=merged['docno'].to_numpy(), score=merged['score'].to_numpy(dtype=float),
+                          rank=merged['rank'].to_numpy(dtype=int))
 
     def fuse_rank_cutoff(self, k: int):
         """``retriever % k`` keeps the merged top ``k`` (the per-vector lists stay as long)."""
