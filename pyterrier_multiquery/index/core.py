@@ -293,7 +293,7 @@ def _read_meta(path: Path) -> Tuple[dict, bytes]:
     if not isinstance(meta, dict):
         raise CorruptIndexError(f'{str(meta_file)!r} holds a JSON {type(meta).__name__}, not an object')
     if (meta.get('type'), meta.get('format')) != (MultiVectorIndex.ARTIFACT_TYPE, MultiVectorIndex.ARTIFACT_FORMAT):
-        raise CorruptIndexError(f'{str(path)!r} holds a {meta.get("type")}/{meta.get("format")} artifact, '
+        raise CorruptIndexError(f'{str(meta_file)!r} names a {meta.get("type")}/{meta.get("format")} artifact, '
                                 'not a MultiVectorIndex')
     if meta.get('dtype') not in _DTYPES:
         raise CorruptIndexError(f'{str(meta_file)!r} names dtype {meta.get("dtype")!r}; expected one of {list(_DTYPES)}')
