@@ -172,7 +172,10 @@ class MaxSimRetriever(pt.Transformer):
 
 
 class MaxSimScorer(pt.Transformer):
-    """Re-scores an existing result frame (``qid``, ``docno``, ``query_embs``) by exact MaxSim against the index."""
+    """Re-scores an existing result frame (``qid``, ``docno``, ``query_embs``) by exact MaxSim against the index.
+
+    A query's vectors are read from its first row (a result frame repeats them on every row of the query).
+    """
     schematic = {'label': 'MaxSim scorer'}
 
     def __init__(self, index, *, aggregate: str = 'mean', num_results: Optional[int] = None,
