@@ -309,7 +309,7 @@ def first_stage_with_answers_on_top(questions=4):
 def test_train_jpr_records_the_curve_and_keeps_the_best_dev_epoch(tiny_bert):
     from pyterrier_multiquery.jpr import JPR, train_jpr
     frame, qrels = first_stage_with_answers_on_top()
-    settings = dict(num_candidates=6, k=3, epochs=3, decoder_layers=1, learning_rate=1e-2)
+    settings = dict(num_candidates=6, train_candidates=6, k=3, epochs=3, decoder_layers=1, learning_rate=1e-2)
     model = train_jpr(frame, qrels, str(tiny_bert), dev_fraction=0., **settings)
     assert [c['epoch'] for c in model.training_curve] == [0, 1, 2, 3] and model.best_epoch == 3
     assert model.training_curve[0]['loss'] is None and all(c['loss'] > 0 for c in model.training_curve[1:])

@@ -281,7 +281,7 @@ def dev_mrecall(model: JPRModel, examples: Sequence[JPRExample], totals: Sequenc
 def train_jpr(results: pd.DataFrame, qrels: pd.DataFrame, encoder: Union[str, PassageEncoder], *,
               mode: str = 'dynamic_oracle', prior: bool = True, num_candidates: int = 20, k: int = 10,
               epochs: int = 10, dev_fraction: float = 0.2, train_candidates: Optional[int] = None,
-              learning_rate: float = 1e-3, gamma: float = 1.0, batch_size: int = 16, decoder_layers: int = 2,
+              learning_rate: float = 3e-4, gamma: float = 1.0, batch_size: int = 16, decoder_layers: int = 2,
               max_length: int = 256, seed: int = 0, verbose: bool = False) -> JPRModel:
     """Trains a JPR model (or, with ``mode='independent'``, an IndepPR one) on a first-stage result frame.
 
@@ -301,7 +301,8 @@ def train_jpr(results: pd.DataFrame, qrels: pd.DataFrame, encoder: Union[str, Pa
         k: Passages chosen, the longest training prefix.
         epochs: Passes over the training questions.
         dev_fraction: Fraction of the questions held out to choose the epoch (0: keep the last epoch).
-        train_candidates: Candidates per question in one training example (default: all ``num_candidates``).
+        train_candidates: Candidates per question in one training example (default: a quarter of
+            ``num_candidates``, at least 2, as the paper trains).
         learning_rate: AdamW learning rate.
         gamma: Temperature of the dynamic oracle's Gumbel negatives.
         batch_size: Questions per optimiser step.
@@ -325,7 +326,7 @@ def train_jpr(results: pd.DataFrame, qrels: pd.DataFrame, encoder: Union[str, Pa
     train_qids = [qids[i] for i in shuffled[len(dev_qids):]]
     torch.manual_seed(seed)
     model = JPRModel(encoder, decoder_layers=decoder_layers, max_length=max_length, prior=prior)
-    trainer = JPRTrainer(model, mode=mode, k=k, gamma=gamma, train_candidates=train_candidates or num_candidates,
+    trainer = JPRTrainer(model, mode=mode, k=k, gamma=gamma, train_candidates=train_candidates or max(2, num_candidates // 4),
                          learning_rate=learning_rate, batch_size=batch_size, shuffle=False, seed=seed, verbose=False)
     train, dev = [examples[q] for q in train_qids], [examples[q] for q in dev_qids]
 
