@@ -267,8 +267,8 @@ def scored_results():
     """Two queries whose scores do not follow their docnos: q1's order by score is d1 d4 d3 d0 d5 d2."""
     passages = examples()[0].passages
     return pd.DataFrame({'qid': ['q1'] * 6 + ['q2'] * 2, 'query': ['who won the cup'] * 6 + ['who won'] * 2,
-                         'docno': [f'd{i}' for i in range(6)] + ['e0', 'e1'], 'text': list(passages) + ['italy', 'spain'],
-                         'score': [.3, .9, .1, .5, .7, .2, .1, .4]})
+                         'docno': [f'd{i}' for i in range(6)] + ['e0', 'e1'],
+                         'text': list(passages) + ['italy', 'spain'], 'score': [.3, .9, .1, .5, .7, .2, .1, .4]})
 
 
 @pytest.mark.parametrize('decode,beta', [('tree', 0.), ('tree', 1.), ('tree', 1000.), ('seq', 1.), ('independent', 1.)])

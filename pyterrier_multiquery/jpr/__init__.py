@@ -1,7 +1,8 @@
 """JPR (Min et al., 2021): joint passage reranking with dynamic-oracle training and TreeDecode.
 
 Modules: ``oracle`` (greedy answer cover, Gumbel top-k), ``decoding`` (SeqDecode, TreeDecode), ``model``
-(:class:`JPRModel`), ``training`` (:class:`JPRTrainer`, :func:`train_jpr`), ``reranker`` (:class:`JPR`, :class:`IndepPR`).
+(:class:`JPRModel`), ``training`` (:class:`JPRTrainer`, :func:`train_jpr`), ``reranker`` (:class:`JPR`,
+:class:`IndepPR`).
 torch loads only with the model, trainer and rerankers.
 """
 from pyterrier_multiquery._lazy import lazy_getattr

@@ -175,7 +175,8 @@ class JPRTrainer:
         return prefix, targets
 
 
-def candidate_tensors(model: JPRModel, examples: Sequence[JPRExample], subsets: Optional[Sequence[Sequence[int]]] = None):
+def candidate_tensors(model: JPRModel, examples: Sequence[JPRExample],
+                      subsets: Optional[Sequence[Sequence[int]]] = None):
     """The model's inputs for some candidates of each example, padded to the longest.
 
     Args:
@@ -326,8 +327,9 @@ def train_jpr(results: pd.DataFrame, qrels: pd.DataFrame, encoder: Union[str, Pa
     train_qids = [qids[i] for i in shuffled[len(dev_qids):]]
     torch.manual_seed(seed)
     model = JPRModel(encoder, decoder_layers=decoder_layers, max_length=max_length, prior=prior)
-    trainer = JPRTrainer(model, mode=mode, k=k, gamma=gamma, train_candidates=train_candidates or max(2, num_candidates // 4),
-                         learning_rate=learning_rate, batch_size=batch_size, shuffle=False, seed=seed, verbose=False)
+    trainer = JPRTrainer(model, mode=mode, k=k, gamma=gamma,
+                         train_candidates=train_candidates or max(2, num_candidates // 4), learning_rate=learning_rate,
+                         batch_size=batch_size, shuffle=False, seed=seed, verbose=False)
     train, dev = [examples[q] for q in train_qids], [examples[q] for q in dev_qids]
 
     def score():
