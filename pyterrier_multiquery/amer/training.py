@@ -1,7 +1,8 @@
 """Training AMER (and its Single-Query baseline) with InfoNCE matched to the unordered gold set."""
-from typing import List, Sequence, Union
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
+import pandas as pd
 import pyterrier as pt
 import torch
 
@@ -23,7 +24,7 @@ class AMERTrainer:
 
     def __init__(self, model: AMER, *, single_query: bool = False, temperature: float = 0.05,
                  learning_rate: float = 1e-4, epochs: int = 1, batch_size: int = 16, negatives: int = 64,
-                 scheduled_sampling: float = 1.0, seed: int = 0, verbose: bool = True):
+                 scheduled_sampling: float = 1.0, weight_decay: float = 0.01, seed: int = 0, verbose: bool = True):
         """
         Args:
             model: The model to train (its ``num_vectors`` is N; 1 is used for ``single_query``).
@@ -34,6 +35,7 @@ class AMERTrainer:
             batch_size: Examples per step.
             negatives: Corpus rows drawn as extra negatives per batch.
             scheduled_sampling: Multiplier of the own-vector probability's schedule (0 keeps teacher forcing).
+            weight_decay: AdamW weight decay.
             seed: Seed of the shuffles and draws.
             verbose: Whether to show progress.
         """
@@ -45,24 +47,30 @@ class AMERTrainer:
         self.batch_size = batch_size
         self.negatives = negatives
         self.scheduled_sampling = scheduled_sampling
+        self.weight_decay = weight_decay
         self.seed = seed
         self.verbose = verbose
         self.rng = np.random.default_rng(seed)
         self.generator = torch.Generator().manual_seed(seed)
-        self.optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=learning_rate)
+        self.optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
 
     def own_probability(self, step: int, total: int) -> float:
         """The scheduled-sampling probability of feeding the model's own vector at ``step`` of ``total``."""
         return min(0.8, self.scheduled_sampling * step / max(total, 1))
 
     def fit(self, queries: Union[Sequence[str], np.ndarray], targets: Sequence[np.ndarray],
-            corpus: np.ndarray) -> List[float]:
+            corpus: np.ndarray, hard_negatives: Optional[Sequence[np.ndarray]] = None,
+            after_epoch: Optional[Callable[[int, float], None]] = None) -> List[float]:
         """Trains; returns the mean loss of each epoch.
 
         Args:
             queries: Query texts, or an (n, doc_dim) array of vector queries.
             targets: Per query, an (m_i, doc_dim) array of its gold document vectors (m_i >= 1).
             corpus: (size, doc_dim) document vectors the negatives are drawn from.
+            hard_negatives: Per query, an (h_i, doc_dim) array of document vectors that are not its targets (a
+                first stage's top non-relevant documents, say); each batch adds its queries' rows to the candidates.
+            after_epoch: Called with the epoch number (from 1) and its mean loss after each epoch (to evaluate on
+                dev data, say).
         """
         if len(queries) != len(targets):
             raise ValueError(f'{len(queries)} queries but {len(targets)} target sets')
@@ -70,39 +78,50 @@ class AMERTrainer:
         for i, t in enumerate(targets):
             if t.ndim != 2 or t.shape[1] != dim or len(t) == 0:
                 raise ValueError(f'targets[{i}] must be a non-empty (m, {dim}) array, got shape {t.shape}')
+        if hard_negatives is not None:
+            if len(hard_negatives) != len(queries):
+                raise ValueError(f'{len(queries)} queries but {len(hard_negatives)} hard-negative sets')
+            for i, h in enumerate(hard_negatives):
+                if h.ndim != 2 or h.shape[1] != dim:
+                    raise ValueError(f'hard_negatives[{i}] must be an (h, {dim}) array, got shape {h.shape}')
         if corpus.ndim != 2 or corpus.shape[1] != dim:
             raise ValueError(f'corpus must be (size, {dim}), got shape {corpus.shape}')
         steps_per_epoch = -(-len(queries) // self.batch_size)
         total, step, history = steps_per_epoch * self.epochs, 0, []
         bar = pt.tqdm(total=total, desc='AMER' if not self.single_query else 'Single-Query', unit='step') \
             if self.verbose else None
-        for _ in range(self.epochs):
+        for epoch in range(self.epochs):
             order = self.rng.permutation(len(queries))
             losses = []
             for begin in range(0, len(order), self.batch_size):
                 batch = order[begin:begin + self.batch_size]
                 losses.append(self.step([queries[i] for i in batch] if not isinstance(queries, np.ndarray)
                                         else queries[batch], [targets[i] for i in batch], corpus,
-                                        self.own_probability(step, total)))
+                                        self.own_probability(step, total),
+                                        None if hard_negatives is None else [hard_negatives[i] for i in batch]))
                 step += 1
                 if bar is not None:
                     bar.update()
                     bar.set_postfix(loss=f'{losses[-1]:.4f}')
             history.append(float(np.mean(losses)))
+            if after_epoch is not None:
+                after_epoch(epoch + 1, history[-1])
         if bar is not None:
             bar.close()
         return history
 
-    def step(self, queries, targets: Sequence[np.ndarray], corpus: np.ndarray, own_probability: float) -> float:
+    def step(self, queries, targets: Sequence[np.ndarray], corpus: np.ndarray, own_probability: float,
+             hard_negatives: Optional[Sequence[np.ndarray]] = None) -> float:
         """One optimiser step; returns the loss."""
         self.model.train()
-        loss = self.loss(queries, targets, corpus, own_probability)
+        loss = self.loss(queries, targets, corpus, own_probability, hard_negatives)
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
         return float(loss.detach())
 
-    def loss(self, queries, targets: Sequence[np.ndarray], corpus: np.ndarray, own_probability: float):
+    def loss(self, queries, targets: Sequence[np.ndarray], corpus: np.ndarray, own_probability: float,
+             hard_negatives: Optional[Sequence[np.ndarray]] = None):
         """The matched InfoNCE loss of one batch."""
         device = self.model.in_proj.weight.device
         if self.single_query:
@@ -113,6 +132,7 @@ class AMERTrainer:
             golds.append(torch.arange(offset, offset + len(t), device=device))
             offset += len(t)
         negatives = corpus[self.rng.integers(len(corpus), size=self.negatives)] if self.negatives else corpus[:0]
+        negatives = np.concatenate(list(hard_negatives or []) + [negatives])
         candidates = torch.as_tensor(np.concatenate(list(targets) + [negatives]), dtype=torch.float32, device=device)
         feed = torch.full((len(targets), max(steps - 1, 0), self.model.doc_dim), float('nan'), device=device)
         for i, t in enumerate(targets):
@@ -123,3 +143,41 @@ class AMERTrainer:
                                  generator=self.generator)
         return torch.stack([matched_infonce(p, candidates, g, self.temperature)[0]
                             for p, g in zip(predictions, golds)]).mean()
+
+
+def answer_targets(run: pd.DataFrame, qrels: pd.DataFrame, doc_vectors: Mapping[str, np.ndarray],
+                   qids: Sequence[str], *, hard_negatives: int = 10) -> Tuple[List[np.ndarray], List[np.ndarray]]:
+    """AMER's gold sets and hard negatives for queries with multi-answer qrels, from a first stage's run.
+
+    The gold set of a query holds one document vector per answer (the answer id is ``iteration``; without it every
+    relevant document is an answer): of the answer's supporting documents, the one the run ranks highest (the
+    first in the qrels when the run has none). Its hard negatives are the run's top ``hard_negatives`` documents
+    that support no answer.
+
+    Args:
+        run: The first stage's results (``qid``, ``docno``, ``rank``) for the queries.
+        qrels: Frame with ``qid``, ``docno``, ``label`` (and ``iteration``).
+        doc_vectors: Document vector by docno.
+        qids: The queries, in the order of the returned lists; each needs a relevant document.
+        hard_negatives: Top non-relevant documents per query used as negatives.
+
+    Returns:
+        ``(targets, negatives)``: per query an (m, d) and an (h, d) array.
+    """
+    relevant = qrels[qrels['label'] > 0].assign(qid=lambda f: f['qid'].astype(str))
+    answer = relevant['iteration'] if 'iteration' in relevant.columns else relevant['docno']
+    relevant = relevant.assign(answer=answer.where(~answer.isin(['0', 'Q0']), relevant['docno']))
+    ranks = dict(zip(zip(run['qid'].astype(str), run['docno']), run['rank']))
+    relevant = relevant.assign(rank=[ranks.get(k, np.inf) for k in zip(relevant['qid'], relevant['docno'])])
+    best = relevant.sort_values('rank', kind='stable').drop_duplicates(['qid', 'answer'])
+    gold = best.groupby('qid')['docno'].agg(list)
+    supporting = set(zip(relevant['qid'], relevant['docno']))
+    top = run[run['rank'] < hard_negatives].sort_values(['qid', 'rank']).assign(qid=lambda f: f['qid'].astype(str))
+    negative = top[[k not in supporting for k in zip(top['qid'], top['docno'])]].groupby('qid')['docno'].agg(list)
+    missing = [q for q in qids if q not in gold.index]
+    if missing:
+        raise ValueError(f'{len(missing)} queries have no relevant document in the qrels, e.g. {missing[:5]}')
+    dim = len(next(iter(doc_vectors.values())))
+    stack = lambda docnos: np.stack([doc_vectors[d] for d in docnos]).astype(np.float32) if docnos \
+        else np.zeros((0, dim), dtype=np.float32)  # noqa: E731
+    return [stack(gold[q]) for q in qids], [stack(negative.get(q, [])) for q in qids]

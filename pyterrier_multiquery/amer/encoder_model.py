@@ -1,0 +1,194 @@
+"""AMER over a document encoder: the encoder's own query vector plus a learned residual for each next vector."""
+import json
+from pathlib import Path
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pyterrier_multiquery._files import building
+from pyterrier_multiquery.amer.model import AMER, CONFIG_NAME, PROJECTIONS
+
+ENCODER_LORA_TARGETS = ('query', 'key', 'value', 'dense', 'q_proj', 'k_proj', 'v_proj', 'o_proj')
+ENCODER_TRAINING = ('none', 'lora', 'full')
+
+
+def _pooling(path: Path) -> str:
+    """The pooling of a sentence-transformers checkpoint (``'mean'`` or ``'cls'``); mean without a pooling config."""
+    config = path / '1_Pooling' / 'config.json'
+    if not config.exists():
+        return 'mean'
+    settings = json.loads(config.read_text())
+    if settings.get('pooling_mode_mean_tokens'):
+        return 'mean'
+    if settings.get('pooling_mode_cls_token'):
+        return 'cls'
+    raise ValueError(f'{config}: only mean or CLS pooling is supported, got {settings}')
+
+
+def _max_length(path: Path, tokenizer) -> int:
+    """The sentence-transformers ``max_seq_length`` of a checkpoint, else the tokenizer's limit (at most 512)."""
+    config = path / 'sentence_bert_config.json'
+    if config.exists():
+        return int(json.loads(config.read_text())['max_seq_length'])
+    return min(int(tokenizer.model_max_length), 512)
+
+
+class EncoderAMER(AMER):
+    """AMER whose backbone is the bidirectional encoder that also encodes the documents (all-MiniLM-L6-v2, say).
+
+    Step t reads the query's tokens followed by the vectors emitted so far (each through ``in_proj`` as one more
+    input position). The first vector is q, the encoder's own query vector (its pooling over the query alone,
+    normalised); vector t > 1 is ``normalise(q + out_proj(h_t))``, h_t being the hidden state of the last fed
+    vector. ``out_proj`` starts at zero and the encoder at its pretrained weights, so an untrained model emits q
+    N times and its merged ranking is the encoder's: training learns only the departure from it (q itself moves
+    only when the encoder trains).
+    """
+
+    def __init__(self, encoder, tokenizer, doc_dim: int, *, num_vectors: int = 3, pooling: str = 'mean',
+                 max_length: int = 256, source: Optional[dict] = None):
+        """
+        Args:
+            encoder: A Hugging Face encoder (``AutoModel``, a peft model for LoRA).
+            tokenizer: Its tokenizer.
+            doc_dim: Size of the document vectors (the encoder's output size).
+            num_vectors: Query vectors emitted by default (N).
+            pooling: ``'mean'`` or ``'cls'``, as the encoder's sentence-transformers configuration says.
+            max_length: Query tokens read at most.
+            source: How the model was made (kept by :meth:`save_pretrained`).
+        """
+        super().__init__(encoder, tokenizer, doc_dim, num_vectors=num_vectors, source=source)
+        if encoder.config.hidden_size != doc_dim:
+            raise ValueError(f'the encoder emits {encoder.config.hidden_size}-dimensional states but the documents '
+                             f'are {doc_dim}-dimensional: AMER over an encoder needs the same encoder on both sides')
+        if pooling not in ('mean', 'cls'):
+            raise ValueError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
+        self.pooling = pooling
+        self.max_length = max_length
+        nn.init.zeros_(self.out_proj.weight)
+        nn.init.zeros_(self.out_proj.bias)
+
+    @classmethod
+    def from_encoder(cls, path: Union[str, Path], *, num_vectors: int = 3, train_encoder: str = 'lora',
+                     lora_r: int = 8, lora_alpha: int = 16, lora_dropout: float = 0.1) -> 'EncoderAMER':
+        """A new AMER over a sentence-transformers (or pyterrier_dr) encoder checkpoint.
+
+        Args:
+            path: The checkpoint folder (its ``1_Pooling`` and ``sentence_bert_config.json`` are read if present).
+            num_vectors: Query vectors emitted by default.
+            train_encoder: ``'lora'`` (adapters on the attention and feed-forward layers), ``'full'`` (every weight)
+                or ``'none'`` (only the projections train).
+            lora_r: LoRA rank.
+            lora_alpha: LoRA scaling.
+            lora_dropout: LoRA dropout.
+        """
+        from transformers import AutoModel, AutoTokenizer
+        if train_encoder not in ENCODER_TRAINING:
+            raise ValueError(f'train_encoder must be one of {ENCODER_TRAINING}, got {train_encoder!r}')
+        path = Path(path)
+        if not (path / 'config.json').exists():
+            raise FileNotFoundError(f'{path} is not a Hugging Face encoder checkpoint (no config.json)')
+        encoder = AutoModel.from_pretrained(str(path), dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        encoder.requires_grad_(train_encoder == 'full')
+        if train_encoder == 'lora':
+            from peft import LoraConfig, get_peft_model
+            names = {name.rsplit('.', 1)[-1] for name, _ in encoder.named_modules()}
+            targets = [t for t in ENCODER_LORA_TARGETS if t in names]
+            if not targets:
+                raise ValueError(f'{path} has none of the LoRA target modules {ENCODER_LORA_TARGETS}')
+            encoder = get_peft_model(encoder, LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+                                                         target_modules=targets))
+        return cls(encoder, tokenizer, encoder.config.hidden_size, num_vectors=num_vectors, pooling=_pooling(path),
+                   max_length=_max_length(path, tokenizer),
+                   source={'backbone': 'encoder', 'path': str(path), 'train_encoder': train_encoder})
+
+    def embed_text(self, texts):
+        """Input embeddings and attention mask of ``texts`` (right-padded, truncated to ``max_length``)."""
+        self.tokenizer.padding_side = 'right'
+        batch = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
+                               return_tensors='pt').to(self.in_proj.weight.device)
+        return self.lm.get_input_embeddings()(batch['input_ids']), batch['attention_mask']
+
+    def embed_vectors(self, vectors):
+        raise ValueError('AMER over an encoder reads text queries, not vectors')
+
+    def step_vector(self, inputs_embeds, attention_mask, state=None):
+        """The encoder's query vector at the first step; normalise(it + out_proj(last fed state)) after it.
+
+        The query vector (the encoder's own pooling over the query alone, normalised) is the state kept for the
+        later steps, whose input also holds the fed vectors.
+        """
+        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        hidden = self.lm(inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                         position_ids=positions).last_hidden_state
+        if state is None:
+            if self.pooling == 'mean':
+                mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            else:
+                pooled = hidden[:, 0]
+            return F.normalize(pooled, dim=-1), F.normalize(pooled, dim=-1)
+        residual = self.out_proj(hidden[:, -1])    # the last fed vector: fed positions follow the padded query
+        return F.normalize(state + residual, dim=-1), state
+
+    def save_pretrained(self, path: Union[str, Path]) -> None:
+        """Writes the encoder (LoRA adapters merged into it), tokenizer, projections and settings atomically."""
+        encoder = self.lm
+        if hasattr(encoder, 'merge_and_unload'):
+            import copy
+            encoder = copy.deepcopy(encoder).merge_and_unload()
+        with building(path) as tmp:
+            tmp.mkdir()
+            encoder.save_pretrained(tmp / 'lm')
+            self.tokenizer.save_pretrained(tmp / 'lm')
+            torch.save({'in_proj': self.in_proj.state_dict(), 'out_proj': self.out_proj.state_dict()},
+                       tmp / PROJECTIONS)
+            (tmp / CONFIG_NAME).write_text(json.dumps({
+                'doc_dim': self.doc_dim, 'num_vectors': self.num_vectors, 'pooling': self.pooling,
+                'max_length': self.max_length, 'source': self.source}, indent=2))
+
+    @classmethod
+    def load(cls, path: Path, config: dict) -> 'EncoderAMER':
+        """The model saved at ``path`` whose settings ``config`` were read from it."""
+        from transformers import AutoModel, AutoTokenizer
+        if cls is EncoderAMER and config['source'].get('residual') == 'linear':
+            return LinearResidualAMER.load(path, config)
+        encoder = AutoModel.from_pretrained(str(path / 'lm'), dtype=torch.float32)
+        model = cls(encoder, AutoTokenizer.from_pretrained(str(path / 'lm')), config['doc_dim'],
+                    num_vectors=config['num_vectors'], pooling=config['pooling'], max_length=config['max_length'],
+                    source=config['source'])
+        projections = torch.load(path / PROJECTIONS, map_location='cpu', weights_only=True)
+        model.in_proj.load_state_dict(projections['in_proj'])
+        model.out_proj.load_state_dict(projections['out_proj'])
+        return model.eval()
+
+
+class LinearResidualAMER(EncoderAMER):
+    """The simplest AMER over an encoder (an ablation): vector t > 1 is ``normalise(q + W q_{t-1})``.
+
+    q is the encoder's query vector and W (``out_proj``) starts at zero; the encoder is read once, for q, and
+    ``in_proj`` is a fixed identity that hands the previous vector to W. What
+    :class:`EncoderAMER` adds over this is the encoder reading the fed vectors together with the query.
+    """
+
+    def __init__(self, encoder, tokenizer, doc_dim: int, **settings):
+        super().__init__(encoder, tokenizer, doc_dim, **settings)
+        with torch.no_grad():
+            self.in_proj.weight.copy_(torch.eye(doc_dim))
+            self.in_proj.bias.zero_()
+        self.in_proj.requires_grad_(False)
+
+    @classmethod
+    def from_encoder(cls, path: Union[str, Path], *, num_vectors: int = 2, **settings) -> 'LinearResidualAMER':
+        """A new linear-residual AMER over an encoder checkpoint, the encoder frozen (only W trains)."""
+        model = super().from_encoder(path, num_vectors=num_vectors, train_encoder='none', **settings)
+        model.source['residual'] = 'linear'
+        return model
+
+    def step_vector(self, inputs_embeds, attention_mask, state=None):
+        """The encoder's query vector at the first step; ``normalise(q + W q_{t-1})`` after it."""
+        if state is None:
+            return super().step_vector(inputs_embeds, attention_mask)
+        return F.normalize(state + self.out_proj(inputs_embeds[:, -1]), dim=-1), state
