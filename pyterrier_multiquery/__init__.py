@@ -49,9 +49,9 @@ _ATTRIBUTES = {
     'diffretriever_system': 'diffretriever',
     'AMER': 'amer',
     'AMERQueryEncoder': 'amer',
-    'baseline_systems': 'experiment',
-    'amer_system': 'experiment',
-    'jpr_system': 'experiment',
+    'baseline_systems': 'systems',
+    'amer_system': 'systems',
+    'jpr_system': 'systems',
     'run_experiment': 'experiment',
 }
 

