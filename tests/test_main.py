@@ -52,3 +52,48 @@ def test_topics_without_query_and_qrels_without_label_are_named():
         run_experiment({}, topics, qrels)
     with pytest.raises(ValueError, match=r"qrels is missing column\(s\) \['label'\]"):
         run_experiment({}, topics.rename(columns={'text': 'query'}), qrels.drop(columns='label'))
+
+
+@pytest.fixture(scope='module')
+def small_ramdocs(data_dir, tmp_path_factory):
+    """The first 15 RAMDocs questions as a RAMDocs file of their own."""
+    path = tmp_path_factory.mktemp('ramdocs') / 'RAMDocs_small.jsonl'
+    with open(data_dir / 'ramdocs' / 'RAMDocs_test.jsonl', encoding='utf-8') as f:
+        path.write_text(''.join(line for _, line in zip(range(15), f)), encoding='utf-8')
+    return path
+
+
+def test_main_job_trains_amer_and_jpr_once_and_reuses_them(small_ramdocs, tmp_path, capsys, monkeypatch):
+    cache, out = tmp_path / 'cache', tmp_path / 'table.csv'
+    assert main(['--dataset', str(small_ramdocs), '--cache-dir', str(cache), '--save', str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert 'fixed split by question: 8 training / 6 test questions' in printed and 'MMR lambda' in printed
+    table = pd.read_csv(out)
+    assert table['name'].str.replace(r'\(λ=[0-9.]+\)', '', regex=True).tolist() == [
+        'BM25', 'MiniLM', 'MiniLM >> MMR', 'AMER', 'MiniLM >> JPR', 'AMER >> JPR']
+    assert {'MRecall@5 p-value', 'MRecall@10 p-value'} <= set(table.columns)   # paired tests against MiniLM
+    models = sorted(p.name for p in next(cache.iterdir()).iterdir() if p.name.startswith(('amer-', 'jpr-')))
+    assert [m.split('-')[0] for m in models] == ['amer', 'jpr']
+
+    from pyterrier_multiquery.amer import AMERTrainer
+    from pyterrier_multiquery.jpr import JPRTrainer
+
+    def no_training(*args, **kwargs):
+        raise AssertionError('a cached model was trained again')
+    monkeypatch.setattr(AMERTrainer, 'fit', no_training)
+    monkeypatch.setattr(JPRTrainer, '__init__', no_training)
+    assert main(['--dataset', str(small_ramdocs), '--cache-dir', str(cache), '--save', str(tmp_path / 'again.csv')]) == 0
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / 'again.csv'), table)
+
+
+def test_main_job_says_when_there_is_nothing_to_train_on(data_dir, tmp_path, capsys):
+    folder = tmp_path / 'beir'
+    (folder / 'qrels').mkdir(parents=True)
+    (folder / 'corpus.jsonl').write_text('{"_id": "d0", "title": "", "text": "who won the cup"}\n'
+                                         '{"_id": "d1", "title": "", "text": "the city"}\n')
+    (folder / 'queries.jsonl').write_text('{"_id": "q1", "text": "who won"}\n')
+    (folder / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\nq1\td0\t1\n')
+    assert main(['--dataset', str(folder), '--cache-dir', str(tmp_path / 'cache')]) == 0
+    printed = capsys.readouterr().out
+    assert 'has no training split and no --train-dataset was given' in printed
+    assert 'AMER' not in printed.split('has no training split')[1].split('\n', 1)[1]
