@@ -78,13 +78,13 @@ class MMR(pt.Transformer):
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Re-ranks each query's top ``depth`` documents by MMR."""
         pt.validate.result_frame(inp, extra_columns=['score', 'doc_vec'])
-        _check_mmr_input(inp)
+        _check_scores(inp)
         inp = inp.sort_values(['qid', 'score'], ascending=[True, False], kind='stable').groupby('qid').head(self.depth)
         groups = inp.groupby('qid', sort=False)
         if self.verbose:
             groups = pt.tqdm(groups, desc=repr(self), unit='q')
-        out = [frame.iloc[self.order(frame['score'].to_numpy(dtype=float), np.stack(frame['doc_vec']))]
-               for _, frame in groups]
+        out = [frame.iloc[self.order(frame['score'].to_numpy(dtype=float), _doc_vectors(qid, frame))]
+               for qid, frame in groups]
         out = pd.concat(out, ignore_index=True) if out else inp.iloc[:0]
         out = out.assign(rank=out.groupby('qid').cumcount())
         out = out.assign(score=-out['rank'].astype(float))
@@ -115,16 +115,26 @@ class MMR(pt.Transformer):
         return hash((MMR, self.Lambda, self.depth, self.drop_doc_vec))
 
 
-def _check_mmr_input(inp: pd.DataFrame) -> None:
-    """Raises naming the first row whose score is not finite or whose doc_vec is not a finite, non-zero vector of
-    the same size as the others (cosine similarity needs one)."""
+def _check_scores(inp: pd.DataFrame) -> None:
+    """Raises naming the first row whose score is not a finite number."""
     scores = pd.to_numeric(inp['score'], errors='coerce').to_numpy(dtype=float)
     if not np.isfinite(scores).all():
         row = inp.iloc[int(np.argmin(np.isfinite(scores)))]
         raise ValueError(f'MMR: qid {row["qid"]!r}, docno {row["docno"]!r} has score {row["score"]}; '
                          'scores must be finite numbers')
+
+
+def _doc_vectors(qid, frame: pd.DataFrame) -> np.ndarray:
+    """One query's ``doc_vec`` rows as a matrix; raises naming the first docno (in score order) whose vector is
+    not a finite, non-zero vector of the size of the query's first (cosine similarity needs one)."""
+    try:
+        vectors = np.stack(frame['doc_vec']).astype(float)
+        if vectors.ndim == 2 and vectors.shape[1] and np.isfinite(vectors).all() and vectors.any(axis=1).all():
+            return vectors
+    except (TypeError, ValueError):
+        pass
     size = None
-    for qid, docno, vec in zip(inp['qid'], inp['docno'], inp['doc_vec']):
+    for docno, vec in zip(frame['docno'], frame['doc_vec']):
         try:
             vec = np.asarray(vec, dtype=float)
         except (TypeError, ValueError):

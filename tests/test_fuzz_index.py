@@ -268,8 +268,11 @@ def test_mmr_on_random_result_frames(rows, lam, dropped):
             MMR(lam)(frame)
         return
     bad_score = [i for i, (_, (_, ok), _) in enumerate(rows) if not ok]
-    sizes = [len(vec) if ok else None for _, _, (vec, ok) in rows]
-    bad_vec = [i for i, (_, _, (_, ok)) in enumerate(rows) if not ok or sizes[i] != sizes[0]]
+    # vectors are checked per query (qids in order, documents by score) against the query's first vector's size
+    in_order = sorted(range(len(rows)), key=lambda i: (rows[i][0], -rows[i][1][0]))
+    first = {qid: next(i for i in in_order if rows[i][0] == qid) for qid, _, _ in rows}
+    size = [len(vec) if ok else None for _, _, (vec, ok) in rows]
+    bad_vec = [i for i in in_order if not rows[i][2][1] or size[i] != size[first[rows[i][0]]]]
     if bad_score:
         with pytest.raises(ValueError, match=f"docno 'd{bad_score[0]}' has score nan"):
             MMR(lam)(frame)
