@@ -283,7 +283,7 @@ def train_jpr(results: pd.DataFrame, qrels: pd.DataFrame, encoder: Union[str, Pa
               mode: str = 'dynamic_oracle', prior: bool = True, num_candidates: int = 20, k: int = 10,
               epochs: int = 10, dev_fraction: float = 0.2, train_candidates: Optional[int] = None,
               learning_rate: float = 3e-4, gamma: float = 1.0, batch_size: int = 16, decoder_layers: int = 2,
-              max_length: int = 256, seed: int = 0, verbose: bool = False) -> JPRModel:
+              max_length: int = 128, seed: int = 0, verbose: bool = False) -> JPRModel:
     """Trains a JPR model (or, with ``mode='independent'``, an IndepPR one) on a first-stage result frame.
 
     A ``dev_fraction`` of the questions is held out; the model is scored on it (the mean of MRecall@(k/2) and
