@@ -47,8 +47,12 @@ def main(argv=None) -> int:
 
     start = time.perf_counter()
     with quiet(not args.verbose):
-        split = dataset_split(dataset, args.variant)
-        train_split = split if train_dataset is None else dataset_split(train_dataset)
+        try:
+            split = dataset_split(dataset, args.variant)
+            train_split = split if train_dataset is None else dataset_split(train_dataset)
+        except OSError as e:   # ir_datasets downloads topics and qrels on first use
+            parser.error(f'could not read the topics and qrels ({type(e).__name__}: {e}); an irds: dataset needs the '
+                         'network the first time: without one, give --dataset a local copy')
         if train_dataset is not None and train_split.train_topics is None:   # a dataset without a split: all of it
             train_split = train_split._replace(train_topics=train_split.test_topics, train_qrels=train_split.test_qrels)
         test_topics, test_qrels = (split.test_topics, split.test_qrels)

@@ -97,3 +97,16 @@ def test_main_job_says_when_there_is_nothing_to_train_on(data_dir, tmp_path, cap
     printed = capsys.readouterr().out
     assert 'has no training split and no --train-dataset was given' in printed
     assert 'AMER' not in printed.split('has no training split')[1].split('\n', 1)[1]
+
+
+def test_main_job_explains_an_irds_dataset_it_cannot_download(tmp_path, capsys, monkeypatch):
+    import requests
+
+    def offline(*args, **kwargs):
+        raise requests.exceptions.ConnectionError('Failed to resolve the host')
+    monkeypatch.setattr(requests.Session, 'send', offline)
+    monkeypatch.setenv('IR_DATASETS_HOME', str(tmp_path / 'irds'))
+    with pytest.raises(SystemExit):
+        main(['--dataset', 'irds:beir/scifact/test', '--no-train', '--cache-dir', str(tmp_path / 'cache')])
+    err = capsys.readouterr().err
+    assert 'could not read the topics and qrels (ConnectionError' in err and 'give --dataset a local copy' in err
