@@ -1,5 +1,6 @@
 """Command line of the main job: ``python -m pyterrier_multiquery [--dataset PATH|irds:ID] [--save table.csv]``."""
 import argparse
+import hashlib
 import sys
 import time
 from pathlib import Path
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
                   '(give --train-dataset, or --amer/--jpr with trained models)')
         systems = build_systems(args, spec, dataset, train_dataset, train_split, train)
         from pyterrier_multiquery.experiment import run_experiment
-        table = run_experiment(systems, test_topics, test_qrels, baseline=1, verbose=args.verbose)
+        table = run_experiment(systems, test_topics, test_qrels, baseline=1, verbose=True)
     measures = [c for c in table.columns if c != 'name' and not c.endswith((' +', ' -', ' p-value'))]
     tests = [f'{m} p-value' for m in measures if m.startswith('MRecall@') and f'{m} p-value' in table.columns]
     print(table[['name'] + measures + tests].rename(columns=lambda c: c.replace(' p-value', ' p'))
@@ -83,6 +84,7 @@ def build_systems(args, spec, dataset, train_dataset, train_split, train: bool):
     from pyterrier_multiquery import systems
     from pyterrier_multiquery.experiment import cache_dir_for
     cache_dir = cache_dir_for(spec, args.cache_dir)
+    print(f'indexes: {cache_dir} (built on the first run)', flush=True)
     first_stage = systems.DenseFirstStage(dataset, cache_dir, batch_size=args.batch_size, verbose=args.verbose)
     train_first_stage = first_stage if train_dataset is None else systems.DenseFirstStage(
         train_dataset, cache_dir_for(args.train_dataset, args.cache_dir), batch_size=args.batch_size,
@@ -100,16 +102,21 @@ def build_systems(args, spec, dataset, train_dataset, train_split, train: bool):
                                      verbose=args.verbose, first_stage=first_stage)
     amer_model, jpr_model = args.amer, args.jpr
     if train and amer_model is None:
+        print('AMER: trained on the training split (on the first run; then cached)', flush=True)
         amer_model = systems.train_amer(train_first_stage, train_split.train_topics, train_split.train_qrels)
     if train and jpr_model is None:
+        print('JPR: trained on the training split (on the first run; then cached)', flush=True)
         jpr_model = systems.train_jpr(train_first_stage, train_dataset or dataset, train_split.train_topics,
                                       train_split.train_qrels)
     if amer_model is not None:
         table['AMER'] = systems.amer(first_stage, amer_model, batch_size=args.batch_size)
     if jpr_model is not None:
-        table['MiniLM >> JPR'] = systems.jpr(first_stage.retriever(), dataset, jpr_model, verbose=args.verbose)
+        states = cache_dir / 'jpr-states' / hashlib.sha1(str(Path(jpr_model).resolve()).encode()).hexdigest()[:12]
+        table['MiniLM >> JPR'] = systems.jpr(first_stage.retriever(), dataset, jpr_model, state_cache=states,
+                                             verbose=args.verbose)
         if amer_model is not None:
-            table['AMER >> JPR'] = systems.jpr(table['AMER'], dataset, jpr_model, verbose=args.verbose)
+            table['AMER >> JPR'] = systems.jpr(table['AMER'], dataset, jpr_model, state_cache=states,
+                                               verbose=args.verbose)
     return table
 
 

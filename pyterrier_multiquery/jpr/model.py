@@ -1,8 +1,11 @@
 """The JPR network: a pretrained passage encoder and a pointer decoder that picks passages one after another."""
+import hashlib
 import json
+import os
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -22,7 +25,8 @@ class PassageEncoder(nn.Module):
 
     Takes an encoder-only checkpoint (such as all-MiniLM-L6-v2) or the encoder of a T5 checkpoint. When frozen,
     the states of a question's candidate list are computed once and remembered, so several decoders (folds,
-    ablations) can share one encoder cheaply.
+    ablations) can share one encoder cheaply; with ``state_cache`` set to a folder they are also kept there
+    across runs (one file per candidate list, named by a hash of its texts and ``max_length``).
     """
 
     def __init__(self, path: str, *, max_length: int = 256, freeze: bool = True, batch_size: int = 32):
@@ -38,6 +42,7 @@ class PassageEncoder(nn.Module):
         self.frozen = freeze
         self.model.requires_grad_(not freeze)
         self._states = {}
+        self.state_cache: Optional[Path] = None
 
     def forward(self, question: str, passages: Sequence[str]):
         """States of ``passages`` (in index order) for ``question``: (len(passages), width)."""
@@ -46,6 +51,10 @@ class PassageEncoder(nn.Module):
             return self._states[key]
         texts = [candidate_text(question, i, p) for i, p in enumerate(passages)]
         device = next(self.model.parameters()).device
+        stored = self._stored_states(texts)
+        if stored is not None and stored.exists():
+            self._states[key] = torch.as_tensor(np.load(stored), device=device)
+            return self._states[key]
         states = []
         with torch.set_grad_enabled(not self.frozen and torch.is_grad_enabled()):
             for begin in range(0, len(texts), self.batch_size):
@@ -57,7 +66,20 @@ class PassageEncoder(nn.Module):
         states = torch.cat(states) if states else torch.zeros(0, self.width, device=device)
         if self.frozen:
             self._states[key] = states
+        if stored is not None:
+            stored.parent.mkdir(parents=True, exist_ok=True)
+            partial = stored.with_name(f'.{stored.name}.{os.getpid()}')
+            with open(partial, 'wb') as f:
+                np.save(f, states.detach().cpu().numpy())
+            os.replace(partial, stored)
         return states
+
+    def _stored_states(self, texts: Sequence[str]) -> Optional[Path]:
+        """Where a frozen encoder keeps the states of ``texts`` across runs (None without ``state_cache``)."""
+        if not self.frozen or self.state_cache is None:
+            return None
+        digest = hashlib.sha1(json.dumps([self.max_length, list(texts)]).encode()).hexdigest()
+        return Path(self.state_cache) / f'{digest}.npy'
 
     def save_pretrained(self, path: Path) -> None:
         self.model.save_pretrained(path)

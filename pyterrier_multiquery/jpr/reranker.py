@@ -33,7 +33,7 @@ class JPR(pt.Transformer):
 
     def __init__(self, model: Union[str, Path, 'JPRModel'], *, k: int = 10, num_candidates: int = 20,
                  decode: str = 'tree', beta: float = 1.0, seed: int = 0, device: Optional[str] = None,
-                 verbose: bool = False):
+                 state_cache: Optional[Union[str, Path]] = None, verbose: bool = False):
         """
         Args:
             model: A trained :class:`~pyterrier_multiquery.jpr.model.JPRModel` or the folder it was saved to.
@@ -43,6 +43,7 @@ class JPR(pt.Transformer):
             beta: TreeDecode's length-penalty exponent.
             seed: Seed of the index-number order.
             device: Torch device (default: CUDA when available).
+            state_cache: A folder where a frozen encoder keeps the candidates' states across runs.
             verbose: Whether to show a progress bar over queries.
         """
         if decode not in DECODERS:
@@ -60,6 +61,8 @@ class JPR(pt.Transformer):
         self.beta = beta
         self.seed = seed
         self.device = device
+        self.state_cache = state_cache
+        self.model.passages.state_cache = state_cache
         self.verbose = verbose
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
@@ -111,7 +114,7 @@ class JPR(pt.Transformer):
 
     def _arguments(self):
         arguments = {'model': self.model, 'k': self.k, 'num_candidates': self.num_candidates, 'beta': self.beta,
-                     'seed': self.seed, 'device': self.device, 'verbose': self.verbose}
+                     'seed': self.seed, 'device': self.device, 'state_cache': self.state_cache, 'verbose': self.verbose}
         return arguments if isinstance(self, IndepPR) else {**arguments, 'decode': self.decode}
 
     def _key(self):
@@ -133,7 +136,7 @@ class IndepPR(JPR):
     schematic = {'label': 'IndepPR'}
 
     def __init__(self, model, *, k: int = 10, num_candidates: int = 20, beta: float = 1.0, seed: int = 0,
-                 device: Optional[str] = None, verbose: bool = False):
+                 device: Optional[str] = None, state_cache: Optional[Union[str, Path]] = None, verbose: bool = False):
         """Args as :class:`JPR`, decoding fixed to ``'independent'``."""
         super().__init__(model, k=k, num_candidates=num_candidates, decode='independent', beta=beta, seed=seed,
-                         device=device, verbose=verbose)
+                         device=device, state_cache=state_cache, verbose=verbose)
