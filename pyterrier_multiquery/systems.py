@@ -103,7 +103,7 @@ def amer(first_stage: DenseFirstStage, model, *, num_results: int = 1000, merge:
 
 def jpr(stage: pt.Transformer, dataset, model, *, num_candidates: int = 20, k: int = 10, decode: str = 'tree',
         beta: float = 1.0, state_cache: Optional[os.PathLike] = None, verbose: bool = True) -> pt.Transformer:
-    """``stage``'s top ``num_candidates`` with their text, reranked by a trained JPR model into ``k`` passages.
+    """``stage``'s top ``num_candidates`` reranked by a trained JPR model: its ``k`` choices, then the rest of ``stage``.
 
     Args:
         stage: The first stage (MiniLM, AMER, ...): a retriever of ``qid``, ``query``, ``docno``, ``score``, ``rank``.
@@ -117,9 +117,9 @@ def jpr(stage: pt.Transformer, dataset, model, *, num_candidates: int = 20, k: i
         verbose: Whether to show a progress bar.
     """
     from pyterrier_multiquery.jpr import JPR
-    return (stage % num_candidates >> pt.text.get_text(dataset, 'text')
+    return (stage >> pt.text.get_text(dataset, 'text')
             >> JPR(model, k=k, num_candidates=num_candidates, decode=decode, beta=beta, state_cache=state_cache,
-                   verbose=verbose))
+                   append_rest=True, verbose=verbose))
 
 
 def tune_mmr_lambda(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.DataFrame, *,

@@ -416,6 +416,15 @@ def test_reranker_errors_and_empty_input(tiny_bert):
     assert empty.empty and {'qid', 'docno', 'score', 'rank'} <= set(empty.columns)
 
 
+def test_reranker_can_append_the_first_stages_other_passages(tiny_bert):
+    from pyterrier_multiquery.jpr import JPR
+    model = new_model(tiny_bert, prior=True)            # untrained with a prior: picks the first-stage order
+    out = JPR(model, k=2, num_candidates=3, append_rest=True)(results())
+    assert out.groupby('qid')['docno'].agg(list).to_dict() == {'q1': [f'd{i}' for i in range(6)], 'q2': ['e0', 'e1']}
+    assert out['rank'].tolist() == [0, 1, 2, 3, 4, 5, 0, 1]
+    assert len(JPR(model, k=2, num_candidates=3)(results())) == 4
+
+
 def test_reranker_keeps_the_frozen_encoders_states_across_runs(tiny_bert, tmp_path):
     from pyterrier_multiquery.jpr import JPR
     model = new_model(tiny_bert)
@@ -444,8 +453,10 @@ def test_main_job_runs_jpr_from_a_saved_model(tiny_bert, tmp_path):
     out = system(dataset.get_topics())
     _, dense = minilm_dense(dataset, tmp_path / 'cache', num_results=4, verbose=False)
     top4 = dense(dataset.get_topics()).groupby('qid')['docno'].agg(set)
-    assert out.groupby('qid').size().tolist() == [2, 2]
-    assert all(set(frame['docno']) <= top4[qid] for qid, frame in out.groupby('qid'))
+    # two choices from MiniLM's top 4, then the other two of them
+    assert out.groupby('qid').size().tolist() == [4, 4]
+    assert all(set(frame['docno'].iloc[:2]) <= top4[qid] for qid, frame in out.groupby('qid'))
+    assert all(frame['docno'].is_unique for _, frame in out.groupby('qid'))
     table = tmp_path / 'table.csv'
     assert main(['--dataset', str(folder), '--cache-dir', str(tmp_path / 'cache'), '--jpr', str(tmp_path / 'jpr'),
                  '--save', str(table)]) == 0

@@ -33,7 +33,7 @@ class JPR(pt.Transformer):
 
     def __init__(self, model: Union[str, Path, 'JPRModel'], *, k: int = 10, num_candidates: int = 20,
                  decode: str = 'tree', beta: float = 1.0, seed: int = 0, device: Optional[str] = None,
-                 state_cache: Optional[Union[str, Path]] = None, verbose: bool = False):
+                 state_cache: Optional[Union[str, Path]] = None, append_rest: bool = False, verbose: bool = False):
         """
         Args:
             model: A trained :class:`~pyterrier_multiquery.jpr.model.JPRModel` or the folder it was saved to.
@@ -44,6 +44,8 @@ class JPR(pt.Transformer):
             seed: Seed of the index-number order.
             device: Torch device (default: CUDA when available).
             state_cache: A folder where a frozen encoder keeps the candidates' states across runs.
+            append_rest: Whether the input's other passages follow the ``k`` chosen ones, in input order (so
+                measures deeper than ``k`` see the first stage's ranking there).
             verbose: Whether to show a progress bar over queries.
         """
         if decode not in DECODERS:
@@ -62,14 +64,16 @@ class JPR(pt.Transformer):
         self.seed = seed
         self.device = device
         self.state_cache = state_cache
+        self.append_rest = append_rest
         self.model.passages.state_cache = state_cache
         self.verbose = verbose
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Reranks each query's top ``num_candidates`` passages into the ``k`` chosen ones."""
         pt.validate.result_frame(inp, extra_columns=['query', 'text'])
-        inp = inp.sort_values(['qid', 'score'], ascending=[True, False], kind='stable')
-        inp = inp.groupby('qid', sort=False).head(self.num_candidates)
+        full = inp.sort_values(['qid', 'score'], ascending=[True, False], kind='stable')
+        inp = full.groupby('qid', sort=False).head(self.num_candidates)
+        rest = dict(iter(full.groupby('qid', sort=False))) if self.append_rest else {}
         groups = inp.groupby('qid', sort=False)
         if self.verbose:
             groups = pt.tqdm(groups, desc=repr(self), unit='q')
@@ -77,7 +81,10 @@ class JPR(pt.Transformer):
         for qid, frame in groups:
             order = index_order(qid, len(frame), self.seed)
             decoded = self.rank(frame['query'].iloc[0], frame['text'].iloc[order].tolist(), order)
-            out.append(frame.iloc[order[decoded.passages]].assign(decode_depth=decoded.depth))
+            chosen = frame.iloc[order[decoded.passages]]
+            if self.append_rest:
+                chosen = pd.concat([chosen, rest[qid][~rest[qid]['docno'].isin(set(chosen['docno']))]])
+            out.append(chosen.assign(decode_depth=decoded.depth))
         out = pd.concat(out, ignore_index=True) if out else inp.iloc[:0].assign(decode_depth=pd.Series(dtype=int))
         out = out.assign(rank=out.groupby('qid').cumcount())
         return out.assign(score=-out['rank'].astype(float))
@@ -114,11 +121,12 @@ class JPR(pt.Transformer):
 
     def _arguments(self):
         arguments = {'model': self.model, 'k': self.k, 'num_candidates': self.num_candidates, 'beta': self.beta,
-                     'seed': self.seed, 'device': self.device, 'state_cache': self.state_cache, 'verbose': self.verbose}
+                     'seed': self.seed, 'device': self.device, 'state_cache': self.state_cache,
+                     'append_rest': self.append_rest, 'verbose': self.verbose}
         return arguments if isinstance(self, IndepPR) else {**arguments, 'decode': self.decode}
 
     def _key(self):
-        return (id(self.model), self.k, self.num_candidates, self.decode, self.beta, self.seed)
+        return (id(self.model), self.k, self.num_candidates, self.decode, self.beta, self.seed, self.append_rest)
 
     def __eq__(self, other):
         return type(other) is type(self) and self._key() == other._key()
@@ -136,7 +144,8 @@ class IndepPR(JPR):
     schematic = {'label': 'IndepPR'}
 
     def __init__(self, model, *, k: int = 10, num_candidates: int = 20, beta: float = 1.0, seed: int = 0,
-                 device: Optional[str] = None, state_cache: Optional[Union[str, Path]] = None, verbose: bool = False):
+                 device: Optional[str] = None, state_cache: Optional[Union[str, Path]] = None,
+                 append_rest: bool = False, verbose: bool = False):
         """Args as :class:`JPR`, decoding fixed to ``'independent'``."""
         super().__init__(model, k=k, num_candidates=num_candidates, decode='independent', beta=beta, seed=seed,
-                         device=device, state_cache=state_cache, verbose=verbose)
+                         device=device, state_cache=state_cache, append_rest=append_rest, verbose=verbose)
