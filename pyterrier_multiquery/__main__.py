@@ -111,7 +111,8 @@ def build_systems(args, spec, dataset, train_dataset, train_split, train: bool):
     if amer_model is not None:
         table['AMER'] = systems.amer(first_stage, amer_model, batch_size=args.batch_size)
     if jpr_model is not None:
-        states = cache_dir / 'jpr-states' / hashlib.sha1(str(Path(jpr_model).resolve()).encode()).hexdigest()[:12]
+        model_id = hashlib.sha1(str(Path(jpr_model).resolve()).encode()).hexdigest()[:12]
+        states = cache_dir / 'jpr_candidate_states' / model_id
         table['MiniLM >> JPR'] = systems.jpr(first_stage.retriever(), dataset, jpr_model, state_cache=states,
                                              verbose=args.verbose)
         if amer_model is not None:

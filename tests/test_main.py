@@ -74,6 +74,7 @@ def test_main_job_trains_amer_and_jpr_once_and_reuses_them(small_ramdocs, tmp_pa
     assert {'MRecall@5 p-value', 'MRecall@10 p-value'} <= set(table.columns)   # paired tests against MiniLM
     models = sorted(p.name for p in next(cache.iterdir()).iterdir() if p.name.startswith(('amer-', 'jpr-')))
     assert [m.split('-')[0] for m in models] == ['amer', 'jpr']
+    assert any((next(cache.iterdir()) / 'jpr_candidate_states').rglob('*.npy'))   # JPR's encoder states, kept
 
     from pyterrier_multiquery.amer import AMERTrainer
     from pyterrier_multiquery.jpr import JPRTrainer
