@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pyterrier_multiquery._files import building
-from pyterrier_multiquery.amer.model import AMER, CONFIG_NAME, PROJECTIONS
+from pyterrier_multiquery.amer.model import AMER, CONFIG_NAME, PROJECTIONS, with_lora
 
 ENCODER_LORA_TARGETS = ('query', 'key', 'value', 'dense', 'q_proj', 'k_proj', 'v_proj', 'o_proj')
 ENCODER_TRAINING = ('none', 'lora', 'full')
@@ -93,13 +93,7 @@ class EncoderAMER(AMER):
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         encoder.requires_grad_(train_encoder == 'full')
         if train_encoder == 'lora':
-            from peft import LoraConfig, get_peft_model
-            names = {name.rsplit('.', 1)[-1] for name, _ in encoder.named_modules()}
-            targets = [t for t in ENCODER_LORA_TARGETS if t in names]
-            if not targets:
-                raise ValueError(f'{path} has none of the LoRA target modules {ENCODER_LORA_TARGETS}')
-            encoder = get_peft_model(encoder, LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-                                                         target_modules=targets))
+            encoder = with_lora(encoder, ENCODER_LORA_TARGETS, lora_r, lora_alpha, lora_dropout, name=str(path))
         return cls(encoder, tokenizer, encoder.config.hidden_size, num_vectors=num_vectors, pooling=_pooling(path),
                    max_length=_max_length(path, tokenizer),
                    source={'backbone': 'encoder', 'path': str(path), 'train_encoder': train_encoder})

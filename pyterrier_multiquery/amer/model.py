@@ -15,6 +15,16 @@ PROJECTIONS = 'projections.pt'
 LORA_TARGETS = ('q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj')
 
 
+def with_lora(model, target_modules: Sequence[str], r: int, alpha: int, dropout: float, *, name: str):
+    """``model`` with LoRA adapters (peft) on those of ``target_modules`` it has; a ValueError naming it if none."""
+    from peft import LoraConfig, get_peft_model
+    names = {module.rsplit('.', 1)[-1] for module, _ in model.named_modules()}
+    targets = [t for t in target_modules if t in names]
+    if not targets:
+        raise ValueError(f'{name} has none of the LoRA target modules {tuple(target_modules)}')
+    return get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets))
+
+
 class AMER(nn.Module):
     """Autoregressive Multi-Embedding Retriever (the AMER paper).
 
@@ -70,13 +80,7 @@ class AMER(nn.Module):
         lm = AutoModelForCausalLM.from_pretrained(str(backbone), gguf_file=gguf_file, torch_dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(str(backbone), gguf_file=gguf_file)
         if lora:
-            from peft import LoraConfig, get_peft_model
-            names = {name.rsplit('.', 1)[-1] for name, _ in lm.named_modules()}
-            targets = [t for t in LORA_TARGETS if t in names]
-            if not targets:
-                raise ValueError(f'{backbone} has none of the LoRA target modules {LORA_TARGETS}')
-            lm = get_peft_model(lm, LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-                                               target_modules=targets))
+            lm = with_lora(lm, LORA_TARGETS, lora_r, lora_alpha, lora_dropout, name=str(backbone))
         return cls(lm, tokenizer, doc_dim, num_vectors=num_vectors,
                    source={'path': str(backbone), 'gguf_file': gguf_file, 'lora': lora})
 
