@@ -111,3 +111,19 @@ def test_main_job_explains_an_irds_dataset_it_cannot_download(tmp_path, capsys, 
         main(['--dataset', 'irds:beir/scifact/test', '--no-train', '--cache-dir', str(tmp_path / 'cache')])
     err = capsys.readouterr().err
     assert 'could not read the topics and qrels (ConnectionError' in err and 'give --dataset a local copy' in err
+
+
+def test_main_job_trains_on_another_collection_when_asked(small_ramdocs, tmp_path, capsys):
+    folder = tmp_path / 'beir'
+    (folder / 'qrels').mkdir(parents=True)
+    texts = ['broken bow is a city in nebraska', 'the population of broken bow', 'a lake', 'a city in oklahoma']
+    (folder / 'corpus.jsonl').write_text(''.join(f'{{"_id": "d{i}", "title": "", "text": "{t}"}}\n'
+                                                 for i, t in enumerate(texts)))
+    (folder / 'queries.jsonl').write_text('{"_id": "q1", "text": "what is the population of broken bow"}\n')
+    (folder / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\nq1\td1\t1\n')
+    out = tmp_path / 'table.csv'
+    assert main(['--dataset', str(folder), '--train-dataset', str(small_ramdocs), '--cache-dir', str(tmp_path / 'cache'),
+                 '--save', str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f'training on: {small_ramdocs} (8 queries)' in printed and 'no training split' in printed
+    assert {'AMER', 'MiniLM >> JPR', 'AMER >> JPR'} <= set(pd.read_csv(out)['name'])
