@@ -11,14 +11,12 @@ LOGGERS = ('transformers', 'sentence_transformers', 'pyterrier', 'pyterrier_dr',
 
 @contextlib.contextmanager
 def quiet(enabled: bool = True) -> Iterator[None]:
-    """Within the block, third-party loggers show errors only, warnings are ignored and Hugging Face shows no
-    progress bars (when ``enabled``)."""
+    """Within the block, third-party loggers show errors only, warnings are ignored and transformers shows no
+    loading bars (when ``enabled``)."""
     if not enabled:
         yield
         return
     levels = {name: logging.getLogger(name).level for name in LOGGERS}
-    previous = os.environ.get('HF_HUB_DISABLE_PROGRESS_BARS')
-    os.environ['HF_HUB_DISABLE_PROGRESS_BARS'] = '1'
     try:
         for name in LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
@@ -29,10 +27,6 @@ def quiet(enabled: bool = True) -> Iterator[None]:
     finally:
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
-        if previous is None:
-            os.environ.pop('HF_HUB_DISABLE_PROGRESS_BARS', None)
-        else:
-            os.environ['HF_HUB_DISABLE_PROGRESS_BARS'] = previous
 
 
 @contextlib.contextmanager

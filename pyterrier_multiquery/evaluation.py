@@ -81,10 +81,16 @@ def compare(scores: pd.DataFrame, baseline: str, subsets: Optional[Mapping[str, 
 
 
 def answer_counts(qrels: pd.DataFrame) -> pd.Series:
-    """Number of distinct answers (``iteration`` values of relevant rows) per qid."""
+    """Number of distinct answers per qid, as the multi-answer measures count them."""
+    from pyterrier_multiquery.measures import answer_ids
     relevant = qrels[qrels['label'] > 0]
-    answers = relevant['iteration'] if 'iteration' in relevant.columns else relevant['docno']
-    return answers.groupby(relevant['qid']).nunique().rename('answers')
+    return answer_ids(relevant).groupby(relevant['qid']).nunique().rename('answers')
+
+
+def _answer_strata(counts: pd.Series, members: int) -> np.ndarray:
+    """Answer counts as strata of at least ``members`` questions: rarer, larger counts join the largest such one."""
+    frequent = counts.value_counts()
+    return counts.clip(upper=frequent[frequent >= members].index.max()).to_numpy()
 
 
 def cross_validation_folds(qrels: pd.DataFrame, folds: int = 5, *, seed: int = 0) -> Iterator[Tuple[List[str], List[str]]]:
@@ -95,9 +101,7 @@ def cross_validation_folds(qrels: pd.DataFrame, folds: int = 5, *, seed: int = 0
     from sklearn.model_selection import StratifiedKFold
     counts = answer_counts(qrels)
     qids = counts.index.astype(str).tolist()
-    frequent = counts.value_counts()
-    largest_frequent = frequent[frequent >= folds].index.max()    # rarer, larger counts join it
-    strata = counts.clip(upper=largest_frequent).to_numpy()
+    strata = _answer_strata(counts, folds)
     for train, test in StratifiedKFold(folds, shuffle=True, random_state=seed).split(qids, strata):
         yield [qids[i] for i in train], [qids[i] for i in test]
 
@@ -110,10 +114,8 @@ def split_by_question(qrels: pd.DataFrame, train_fraction: float = 0.6, *, seed:
     """
     from sklearn.model_selection import train_test_split
     counts = answer_counts(qrels)
-    frequent = counts.value_counts()
-    strata = counts.clip(upper=frequent[frequent >= 2].index.max())
     train, test = train_test_split(counts.index.astype(str).tolist(), train_size=train_fraction, random_state=seed,
-                                   stratify=strata.to_numpy())
+                                   stratify=_answer_strata(counts, 2))
     return train, test
 
 

@@ -29,6 +29,16 @@ from ir_measures.util import Metric
 _PLACEHOLDER_ANSWERS = ('0', 'Q0')
 
 
+def answer_ids(support: pd.DataFrame, doc_column: str = 'docno') -> pd.Series:
+    """The answer each (relevant) qrels row supports: its ``iteration``, or, where there is no answer id (no
+    ``iteration`` column, or a TREC placeholder), the document itself, marked so it never equals an answer id."""
+    documents = '\0doc:' + support[doc_column].astype(str)
+    if 'iteration' not in support.columns:
+        return documents
+    answer = support['iteration'].astype(str)
+    return answer.where(~answer.isin(_PLACEHOLDER_ANSWERS), documents)
+
+
 def answer_coverage(qrels, run, cutoff: int, rel: int = 1) -> Iterator[Tuple[str, int, int]]:
     """Counts the answers that the top ``cutoff`` of a run covers.
 
@@ -47,13 +57,7 @@ def answer_coverage(qrels, run, cutoff: int, rel: int = 1) -> Iterator[Tuple[str
     qids = qrels['query_id'].astype(str).unique()
     support = qrels[qrels['relevance'] >= rel]
     support = support.assign(query_id=support['query_id'].astype(str), doc_id=support['doc_id'].astype(str))
-    if 'iteration' in support.columns:
-        answer = support['iteration'].astype(str)
-        placeholder = answer.isin(_PLACEHOLDER_ANSWERS)
-        answer = answer.where(~placeholder, '\0doc:' + support['doc_id'])
-    else:
-        answer = '\0doc:' + support['doc_id']
-    support = support[['query_id', 'doc_id']].assign(answer=answer.values)
+    support = support[['query_id', 'doc_id']].assign(answer=answer_ids(support, 'doc_id').values)
     totals = support.groupby('query_id')['answer'].nunique()
 
     top = run[['query_id', 'doc_id', 'score']].astype({'query_id': str, 'doc_id': str})

@@ -164,9 +164,9 @@ def answer_targets(run: pd.DataFrame, qrels: pd.DataFrame, doc_vectors: Mapping[
     Returns:
         ``(targets, negatives)``: per query an (m, d) and an (h, d) array.
     """
+    from pyterrier_multiquery.measures import answer_ids
     relevant = qrels[qrels['label'] > 0].assign(qid=lambda f: f['qid'].astype(str))
-    answer = relevant['iteration'] if 'iteration' in relevant.columns else relevant['docno']
-    relevant = relevant.assign(answer=answer.where(~answer.isin(['0', 'Q0']), relevant['docno']))
+    relevant = relevant.assign(answer=answer_ids(relevant))
     ranks = dict(zip(zip(run['qid'].astype(str), run['docno']), run['rank']))
     relevant = relevant.assign(rank=[ranks.get(k, np.inf) for k in zip(relevant['qid'], relevant['docno'])])
     best = relevant.sort_values('rank', kind='stable').drop_duplicates(['qid', 'answer'])

@@ -211,13 +211,9 @@ def answer_sets(qrels: pd.DataFrame) -> Dict[Tuple[str, str], set]:
     """The answers each relevant (qid, docno) supports: its ``iteration`` ids, or the docno itself where the qrels
     have no answer ids (no ``iteration`` column, or TREC's placeholders ``'0'``/``'Q0'``), as the multi-answer
     measures count them."""
+    from pyterrier_multiquery.measures import answer_ids
     relevant = qrels[qrels['label'] > 0].astype({'qid': str, 'docno': str})
-    if 'iteration' in relevant.columns:
-        iteration = relevant['iteration'].astype(str)
-        answer = iteration.where(~iteration.isin(['0', 'Q0']), relevant['docno'])
-    else:
-        answer = relevant['docno']
-    return answer.groupby([relevant['qid'], relevant['docno']]).agg(set).to_dict()
+    return answer_ids(relevant).groupby([relevant['qid'], relevant['docno']]).agg(set).to_dict()
 
 
 def jpr_examples(results: pd.DataFrame, qrels: pd.DataFrame, *, num_candidates: int = 20,
