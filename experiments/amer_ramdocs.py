@@ -22,7 +22,7 @@ from ir_measures import alpha_nDCG
 
 from pyterrier_multiquery import systems
 from pyterrier_multiquery.analysis import low_similarity_subset, target_distances
-from pyterrier_multiquery.datasets import load_dataset
+from pyterrier_multiquery.loaders import load_dataset
 from pyterrier_multiquery.evaluation import answer_counts, compare, cross_validation_folds, per_query, write_report
 from pyterrier_multiquery.experiment import cache_dir_for, default_data_dir
 from pyterrier_multiquery.measures import MRecall

@@ -32,7 +32,7 @@ from pyterrier_multiquery.cdp import (AVOID_DIVERSITY_BELOW, USE_DIVERSITY_ABOVE
                                       dist_sim, diversity_advice, len_sim, paraphrase_ratio, self_bleu)
 from pyterrier_multiquery.experiment import default_data_dir, run_experiment
 from pyterrier_multiquery.generation import QueryGenerator
-from pyterrier_multiquery.training.biencoder import synthetic_pairs, train_bi_encoder
+from pyterrier_multiquery.cdp.training import synthetic_pairs, train_bi_encoder
 
 sys.path.insert(0, str(Path(__file__).parent))
 from generate_queries import generator, qd_sample, scifact_corpus  # noqa: E402

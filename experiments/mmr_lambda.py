@@ -11,7 +11,7 @@ import matplotlib
 import pandas as pd
 
 from pyterrier_multiquery.baselines import MMR, flex_index, minilm
-from pyterrier_multiquery.datasets import load_dataset
+from pyterrier_multiquery.loaders import load_dataset
 from pyterrier_multiquery.experiment import DEFAULT_MEASURES, cache_dir_for, default_data_dir, run_experiment
 
 LAMBDAS = [0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 1.0]

@@ -13,7 +13,7 @@ from pathlib import Path
 from ir_measures import R, nDCG
 
 from pyterrier_multiquery.baselines import flex_index, minilm
-from pyterrier_multiquery.datasets import BeirDataset
+from pyterrier_multiquery.loaders import BeirDataset
 from pyterrier_multiquery.experiment import default_data_dir, run_experiment
 
 REFERENCE_NDCG10 = 0.645

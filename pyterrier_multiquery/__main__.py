@@ -1,6 +1,7 @@
 """Command line of the main job: ``python -m pyterrier_multiquery [--dataset PATH|irds:ID] [--save table.csv]``."""
 import argparse
 import hashlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -10,7 +11,10 @@ def main(argv=None) -> int:
     """Trains AMER and JPR on a training split, then compares them with BM25, MiniLM and MMR on the test split."""
     parser = argparse.ArgumentParser(prog='python -m pyterrier_multiquery', description=main.__doc__)
     parser.add_argument('--dataset', help='a BEIR, TREC, RAMDocs or MuSiQue path, or an irds: identifier '
-                                          '(default: RAMDocs from the shared data folder beside the checkout)')
+                                          '(default: DATA_ROOT/ramdocs)')
+    parser.add_argument('--data-root', default=os.environ.get('PYTERRIER_MULTIQUERY_DATA', '../shared/data'),
+                        help='the folder of the bundled collections, for the default --dataset '
+                             '(default: $PYTERRIER_MULTIQUERY_DATA or %(default)s)')
     parser.add_argument('--variant', help='topics/qrels variant, e.g. the BEIR split (default: the dataset\'s own)')
     parser.add_argument('--train-dataset', help='train AMER, JPR and the MMR lambda on this dataset\'s training split '
                                                 '(all of it when it has none) instead of --dataset\'s')
@@ -30,16 +34,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from pyterrier_multiquery._quiet import quiet
-    from pyterrier_multiquery.datasets import load_dataset
+    from pyterrier_multiquery.loaders import load_dataset
     from pyterrier_multiquery.evaluation import dataset_split
-    from pyterrier_multiquery.experiment import default_data_dir
 
     spec = args.dataset
     if spec is None:
-        data_dir = default_data_dir()
-        if data_dir is None or not (data_dir / 'ramdocs').is_dir():
-            parser.error('no shared data folder with ramdocs/ found: give --dataset with a path or an irds: identifier')
-        spec = str(data_dir / 'ramdocs')
+        spec = str(Path(args.data_root) / 'ramdocs')
+        if not Path(spec).is_dir():
+            parser.error(f'no RAMDocs folder at {spec}: give --data-root (or $PYTERRIER_MULTIQUERY_DATA) the folder '
+                         'of the bundled collections, or --dataset a path or an irds: identifier')
     try:
         dataset = load_dataset(spec)
         train_dataset = load_dataset(args.train_dataset) if args.train_dataset else None
@@ -65,7 +68,7 @@ def main(argv=None) -> int:
             print(f'{spec} has no training split and no --train-dataset was given: AMER and JPR are not trained '
                   '(give --train-dataset, or --amer/--jpr with trained models)')
         systems = build_systems(args, spec, dataset, train_dataset, train_split, train)
-        from pyterrier_multiquery.experiment import run_experiment
+        from pyterrier_multiquery.evaluation import run_experiment
         table = run_experiment(systems, test_topics, test_qrels, baseline=1, verbose=True)
     measures = [c for c in table.columns if c != 'name' and not c.endswith((' +', ' -', ' p-value'))]
     tests = [f'{m} p-value' for m in measures if m.startswith('MRecall@') and f'{m} p-value' in table.columns]
@@ -82,12 +85,11 @@ def main(argv=None) -> int:
 def build_systems(args, spec, dataset, train_dataset, train_split, train: bool):
     """The table's systems: baselines, and AMER and JPR trained on ``train_split`` (or given as models)."""
     from pyterrier_multiquery import systems
-    from pyterrier_multiquery.experiment import cache_dir_for
-    cache_dir = cache_dir_for(spec, args.cache_dir)
+    cache_dir = systems.cache_dir_for(spec, args.cache_dir)
     print(f'indexes: {cache_dir} (built on the first run)', flush=True)
     first_stage = systems.DenseFirstStage(dataset, cache_dir, batch_size=args.batch_size, verbose=args.verbose)
     train_first_stage = first_stage if train_dataset is None else systems.DenseFirstStage(
-        train_dataset, cache_dir_for(args.train_dataset, args.cache_dir), batch_size=args.batch_size,
+        train_dataset, systems.cache_dir_for(args.train_dataset, args.cache_dir), batch_size=args.batch_size,
         verbose=args.verbose)
     mmr_lambda = args.mmr_lambda
     if mmr_lambda is None:
@@ -98,8 +100,7 @@ def build_systems(args, spec, dataset, train_dataset, train_split, train: bool):
             mmr_lambda = tuned['lambda']
             print(f'MMR lambda {mmr_lambda} chosen on the training split ({tuned["measure"]} '
                   + ', '.join(f'{k}: {v:.3f}' for k, v in tuned['scores'].items()) + ')')
-    table = systems.baseline_systems(dataset, cache_dir, mmr_lambda=mmr_lambda, mmr_depth=args.mmr_depth,
-                                     verbose=args.verbose, first_stage=first_stage)
+    table = systems.baseline_systems(first_stage, mmr_lambda=mmr_lambda, mmr_depth=args.mmr_depth)
     amer_model, jpr_model = args.amer, args.jpr
     if train and amer_model is None:
         print('AMER: trained on the training split (on the first run; then cached)', flush=True)

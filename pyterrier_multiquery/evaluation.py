@@ -1,4 +1,4 @@
-"""Evaluation on top of ir_measures: per-query frames, cross-validation folds, paired tests over subsets, reports.
+"""Evaluation on top of pt.Experiment and ir_measures: checked experiment tables, per-query frames, cross-validation folds, paired tests over subsets, reports.
 
 An experiment runs its systems (per fold, if it cross-validates), concatenates each system's runs, and hands them
 to :func:`per_query` and :func:`compare`; :func:`write_report` writes the result as markdown and JSON.
@@ -9,8 +9,43 @@ from typing import Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional
 
 import numpy as np
 import pandas as pd
+import pyterrier as pt
+from ir_measures import alpha_nDCG, nDCG
 
 from pyterrier_multiquery.analysis import paired_bootstrap
+from pyterrier_multiquery.measures import AnswerRecall, MRecall
+
+#: The measures of the main job's table and of :func:`run_experiment` by default.
+DEFAULT_MEASURES = [MRecall@5, MRecall@10, MRecall@100, AnswerRecall@10, alpha_nDCG@10, nDCG@10]
+
+
+
+def validate_topics_qrels(topics: pd.DataFrame, qrels: pd.DataFrame) -> None:
+    """Raises a ValueError naming what is missing when topics or qrels lack a needed column."""
+    for what, frame, columns in (('topics', topics, ['qid', 'query']), ('qrels', qrels, ['qid', 'docno', 'label'])):
+        missing = [c for c in columns if c not in frame.columns]
+        if missing:
+            raise ValueError(f'{what} is missing column(s) {missing}; found {list(frame.columns)}')
+
+
+def run_experiment(systems: Dict[str, pt.Transformer], topics: pd.DataFrame, qrels: pd.DataFrame,
+                   eval_metrics: Sequence = DEFAULT_MEASURES, **experiment_args) -> pd.DataFrame:
+    """Runs :func:`pyterrier.Experiment` over named systems after checking the topics and qrels.
+
+    Args:
+        systems: Systems by name.
+        topics: Frame with ``qid`` and ``query``.
+        qrels: Frame with ``qid``, ``docno``, ``label`` (and ``iteration`` for answer ids).
+        eval_metrics: Measures to report.
+        experiment_args: Passed to :func:`pyterrier.Experiment` (``baseline``, ``perquery``, ...).
+    """
+    validate_topics_qrels(topics, qrels)
+    table = pt.Experiment(list(systems.values()), topics, qrels, eval_metrics=list(eval_metrics),
+                          names=list(systems), **experiment_args)
+    measure_columns = [str(m) for m in eval_metrics]
+    if set(measure_columns) <= set(table.columns):  # a summary table: measures in the order asked for
+        table = table[['name'] + measure_columns + [c for c in table.columns if c not in measure_columns + ['name']]]
+    return table
 
 
 def _ir_measures_frames(run: pd.DataFrame, qrels: pd.DataFrame) -> Tuple[pd.DataFrame, pd.DataFrame]:
@@ -135,7 +170,7 @@ def dataset_split(dataset, variant: Optional[str] = None, *, train_fraction: flo
     and MuSiQue, which ship one set of questions, get the fixed :func:`split_by_question`; any other dataset has
     no training part (``train_topics`` is None) and tests on all of its queries.
     """
-    from pyterrier_multiquery.datasets import BeirDataset, MusiqueDataset, RamDocsDataset
+    from pyterrier_multiquery.loaders import BeirDataset, MusiqueDataset, RamDocsDataset
     if isinstance(dataset, (RamDocsDataset, MusiqueDataset)):
         topics, qrels = dataset.get_topics(), dataset.get_qrels()
         train, test = split_by_question(qrels, train_fraction, seed=seed)

@@ -9,6 +9,7 @@ changes with the training data and settings.
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
@@ -21,6 +22,15 @@ from pyterrier_multiquery.baselines import MMR, flex_index, minilm, pisa_bm25
 MMR_LAMBDAS = (0.5, 0.7, 0.8, 0.9, 0.95)
 AMER_MERGES = ('round_robin', 'score_sum', 'rrf')
 AMER_TRAINING = 'training.json'
+
+
+
+def cache_dir_for(dataset_spec: str, cache_root: os.PathLike) -> Path:
+    """A cache folder for one dataset: its name plus a short hash of where it came from."""
+    is_irds = dataset_spec.startswith('irds:')
+    origin = dataset_spec if is_irds else str(Path(dataset_spec).resolve())
+    name = re.sub(r'[^\w.-]+', '_', dataset_spec[len('irds:'):] if is_irds else Path(origin).name)
+    return Path(cache_root) / f'{name}-{hashlib.sha1(origin.encode()).hexdigest()[:8]}'
 
 
 class DenseFirstStage:
@@ -254,49 +264,66 @@ def train_jpr(first_stage: DenseFirstStage, dataset, topics: pd.DataFrame, qrels
     return path
 
 
-def baseline_systems(dataset, cache_dir: os.PathLike, *, num_results: int = 1000, mmr_lambda: float = 0.9,
-                     mmr_depth: int = 500, batch_size: int = 64, verbose: bool = True,
-                     first_stage: Optional[DenseFirstStage] = None) -> Dict[str, pt.Transformer]:
-    """BM25, MiniLM and MiniLM >> MMR over ``dataset``'s corpus, building their indexes under ``cache_dir`` once.
+def baseline_systems(first_stage: DenseFirstStage, *, num_results: int = 1000, mmr_lambda: float = 0.9,
+                     mmr_depth: int = 500) -> Dict[str, pt.Transformer]:
+    """BM25, MiniLM and MiniLM >> MMR over the first stage's corpus (BM25's index built in its cache folder once).
 
     Args:
-        dataset: A PyTerrier dataset (``get_corpus_iter``).
-        cache_dir: Folder for the PISA and MiniLM indexes.
+        first_stage: The MiniLM first stage (its dataset, cache folder and verbosity are used).
         num_results: Results per query of each first stage.
         mmr_lambda: MMR's relevance weight (:func:`tune_mmr_lambda` chooses one on training data).
         mmr_depth: Number of dense results MMR re-ranks.
-        batch_size: Encoder batch size.
-        verbose: Whether to show progress bars.
-        first_stage: The MiniLM first stage, if already built.
 
     Returns:
         Systems by name, in table order.
     """
-    first_stage = first_stage or DenseFirstStage(dataset, cache_dir, batch_size=batch_size, verbose=verbose)
     return {
-        'BM25': bm25(dataset, cache_dir, num_results=num_results, verbose=verbose),
+        'BM25': bm25(first_stage.dataset, first_stage.cache_dir, num_results=num_results, verbose=first_stage.verbose),
         'MiniLM': first_stage.retriever(num_results),
         f'MiniLM >> MMR(λ={mmr_lambda})': mmr(first_stage, mmr_lambda, depth=mmr_depth),
     }
 
 
-def minilm_dense(dataset, cache_dir: os.PathLike, *, num_results: int = 1000, batch_size: int = 64,
-                 verbose: bool = True):
-    """all-MiniLM-L6-v2 over ``dataset``'s corpus: ``(FlexIndex, query encoder >> its retriever)``."""
-    first_stage = DenseFirstStage(dataset, cache_dir, batch_size=batch_size, verbose=verbose)
-    return first_stage.index, first_stage.retriever(num_results)
+def diffretriever(dataset, cache_dir: os.PathLike, model_path, *, mode: str = 'hybrid',
+                  k_query: Optional[int] = None, k_doc: Optional[int] = None, num_results: int = 1000,
+                  **encoder_args) -> pt.Transformer:
+    """DiffRetriever's query encoder >> retriever over ``dataset``'s corpus, encoded once into ``cache_dir`` (per
+    model path and K_doc) as a MultiVectorIndex of ``doc_embs`` and a PISA index of ``toks``.
+
+    Args:
+        dataset: A PyTerrier dataset (``get_corpus_iter``).
+        cache_dir: Folder for the two indexes.
+        model_path: A DiffRetriever checkpoint or a plain masked/causal LM backbone.
+        mode: ``dense`` (MaxSim), ``mean`` (mean-pooled vectors), ``sparse`` or ``hybrid`` (0.5/0.5).
+        k_query: Query mask positions (the checkpoint's saved budget, or 4, when None).
+        k_doc: Document mask positions (likewise).
+        num_results: Results per query.
+        encoder_args: Passed to :meth:`DiffRetriever.from_pretrained` (``device``, ``batch_size``, ...).
+    """
+    from pyterrier_multiquery.diffretriever import DiffRetriever, HybridRetriever, sparse_index
+    from pyterrier_multiquery.index import MultiVectorIndex
+    if mode not in ('dense', 'mean', 'sparse', 'hybrid'):
+        raise ValueError(f"mode must be 'dense', 'mean', 'sparse' or 'hybrid', got {mode!r}")
+    encoder = DiffRetriever.from_pretrained(str(model_path), k_query=k_query, k_doc=k_doc, **encoder_args)
+    cache = Path(cache_dir)
+    name = f'diffretriever-{hashlib.sha1(str(Path(model_path).resolve()).encode()).hexdigest()[:10]}-k{encoder.k_doc}'
+    dense_index = MultiVectorIndex(cache / f'{name}.mvi', verbose=False)
+    pisa_path = cache / f'{name}.pisa'
+    if not dense_index.built() or not pisa_path.exists():
+        docs = encoder.doc_encoder()(_corpus_frame(dataset))
+        if not dense_index.built():
+            dense_index.indexer().index(docs[['docno', 'doc_embs']].to_dict(orient='records'))
+        sparse_index(pisa_path, docs[['docno', 'toks']].to_dict(orient='records'))
+    dense = dense_index.maxsim_retriever(num_results=num_results) if mode != 'mean' else \
+        dense_index.mean_retriever(num_results=num_results, normalise=True)
+    sparse = sparse_index(pisa_path, []).quantized(num_results=num_results)
+    first = {'dense': dense, 'mean': dense, 'sparse': sparse,
+             'hybrid': HybridRetriever(dense, sparse, num_results=num_results)}[mode]
+    return encoder.query_encoder() >> first
 
 
-def jpr_system(model_path: os.PathLike, dataset, cache_dir: os.PathLike, *, num_candidates: int = 20, k: int = 10,
-               decode: str = 'tree', beta: float = 1.0, batch_size: int = 64, verbose: bool = True) -> pt.Transformer:
-    """MiniLM's top ``num_candidates`` reranked by the JPR model saved at ``model_path`` (see :func:`jpr`)."""
-    first_stage = DenseFirstStage(dataset, cache_dir, batch_size=batch_size, verbose=verbose)
-    return jpr(first_stage.retriever(num_candidates), dataset, model_path, num_candidates=num_candidates, k=k,
-               decode=decode, beta=beta, verbose=verbose)
-
-
-def amer_system(model_path: os.PathLike, dataset, cache_dir: os.PathLike, *, num_results: int = 1000,
-                batch_size: int = 64, verbose: bool = True) -> pt.Transformer:
-    """The AMER model saved at ``model_path`` over the MiniLM index of ``dataset`` (see :func:`amer`)."""
-    first_stage = DenseFirstStage(dataset, cache_dir, batch_size=batch_size, verbose=verbose)
-    return amer(first_stage, model_path, num_results=num_results, batch_size=batch_size)
+def _corpus_frame(dataset):
+    """The corpus of a PyTerrier dataset as a frame of ``docno`` and ``text`` (title and text joined)."""
+    rows = [{'docno': d['docno'], 'text': (d.get('title', '') + ' ' + d['text']).strip()}
+            for d in dataset.get_corpus_iter(verbose=False)]
+    return pd.DataFrame(rows)

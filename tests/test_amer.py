@@ -216,8 +216,8 @@ def test_main_job_runs_amer_from_a_saved_model(tiny_llama, tmp_path):
     import torch
     from pyterrier_multiquery.__main__ import main
     from pyterrier_multiquery.amer import AMER
-    from pyterrier_multiquery.datasets import load_dataset
-    from pyterrier_multiquery.systems import amer_system
+    from pyterrier_multiquery.loaders import load_dataset
+    from pyterrier_multiquery.systems import DenseFirstStage, amer
     folder = tmp_path / 'beir'
     (folder / 'qrels').mkdir(parents=True)
     texts = ['who won the cup', 'the cup in year', 'which city', 'the year of the city']
@@ -227,7 +227,8 @@ def test_main_job_runs_amer_from_a_saved_model(tiny_llama, tmp_path):
     torch.manual_seed(0)
     AMER.from_backbone(tiny_llama, doc_dim=384, num_vectors=2).save_pretrained(tmp_path / 'amer')
     dataset = load_dataset(folder)
-    run = amer_system(tmp_path / 'amer', dataset, tmp_path / 'cache', num_results=3, verbose=False)(dataset.get_topics())
+    first_stage = DenseFirstStage(dataset, tmp_path / 'cache', verbose=False)
+    run = amer(first_stage, tmp_path / 'amer', num_results=3)(dataset.get_topics())
     assert len(run) == 3 and run['docno'].is_unique and list(run['rank']) == [0, 1, 2]
     table = tmp_path / 'table.csv'
     assert main(['--dataset', str(folder), '--cache-dir', str(tmp_path / 'cache'), '--amer', str(tmp_path / 'amer'),

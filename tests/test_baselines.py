@@ -7,7 +7,7 @@ import pytest
 from ir_measures import AP, nDCG
 
 from pyterrier_multiquery.baselines import MMR, build_once, pisa_bm25
-from pyterrier_multiquery.datasets import load_dataset
+from pyterrier_multiquery.loaders import load_dataset
 
 
 def result_frame(scores, vectors, qid='1'):

@@ -8,11 +8,12 @@ torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
 
 from pyterrier_multiquery.diffretriever import (DiffEmbed, DiffRetriever, HybridRetriever, PromptReps,  # noqa: E402
-                                                budget_grid, diffretriever_system, oracle_budgets,
+                                                budget_grid, oracle_budgets,
                                                 oracle_correlations, select_budget)
 from pyterrier_multiquery.diffretriever.encoder import MaskedBackbone  # noqa: E402
 from pyterrier_multiquery.diffretriever.prompts import prompt_ids  # noqa: E402
 from pyterrier_multiquery.diffretriever.sparse import content_token_ids, sparse_weights  # noqa: E402
+from pyterrier_multiquery.systems import diffretriever  # noqa: E402
 from pyterrier_multiquery.diffretriever.training import contrastive_loss, contrastive_train, dense_scores  # noqa: E402
 
 WORDS = ['query', 'passage', 'use', 'one', 'word', 'words', 'to', 'represent', 'the', 'in', 'a', 'few', 'retrieval',
@@ -253,10 +254,10 @@ class _Corpus:
         yield {'docno': 'b', 'title': '', 'text': 'heart disease protein'}
 
 
-def test_diffretriever_system_modes(encoder, tmp_path):
+def test_diffretriever_modes(encoder, tmp_path):
     encoder.save_pretrained(tmp_path / 'model')
     topics = pd.DataFrame({'qid': ['1'], 'query': ['heart disease']})
-    runs = {mode: diffretriever_system(tmp_path / 'model', _Corpus(), tmp_path / 'cache', mode=mode, device='cpu')(topics)
+    runs = {mode: diffretriever(_Corpus(), tmp_path / 'cache', tmp_path / 'model', mode=mode, device='cpu')(topics)
             for mode in ('dense', 'mean', 'sparse', 'hybrid')}
     assert len(list((tmp_path / 'cache').glob('diffretriever-*-k3.mvi'))) == 1
     queries = encoder.query_encoder()(topics)
@@ -269,4 +270,4 @@ def test_diffretriever_system_modes(encoder, tmp_path):
     assert set(runs['hybrid']['docno']) == set(runs['dense']['docno']) | set(runs['sparse']['docno'])
     assert runs['hybrid']['score'].max() <= 1. + 1e-9
     with pytest.raises(ValueError, match="mode must be"):
-        diffretriever_system(tmp_path / 'model', _Corpus(), tmp_path / 'cache', mode='colbert')
+        diffretriever(_Corpus(), tmp_path / 'cache', tmp_path / 'model', mode='colbert')

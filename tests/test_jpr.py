@@ -439,8 +439,8 @@ def test_reranker_keeps_the_frozen_encoders_states_across_runs(tiny_bert, tmp_pa
 
 def test_main_job_runs_jpr_from_a_saved_model(tiny_bert, tmp_path):
     from pyterrier_multiquery.__main__ import main
-    from pyterrier_multiquery.datasets import load_dataset
-    from pyterrier_multiquery.systems import jpr_system, minilm_dense
+    from pyterrier_multiquery.loaders import load_dataset
+    from pyterrier_multiquery.systems import DenseFirstStage, jpr
     folder = tmp_path / 'beir'
     (folder / 'qrels').mkdir(parents=True)
     texts = ['brazil won the cup', 'france won the cup', 'italy won the cup', 'spain in year', 'the year']
@@ -449,10 +449,10 @@ def test_main_job_runs_jpr_from_a_saved_model(tiny_bert, tmp_path):
     (folder / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\nq1\td0\t1\nq1\td1\t1\nq2\td3\t1\n')
     new_model(tiny_bert).save_pretrained(tmp_path / 'jpr')
     dataset = load_dataset(folder)
-    system = jpr_system(tmp_path / 'jpr', dataset, tmp_path / 'cache', num_candidates=4, k=2, verbose=False)
+    first_stage = DenseFirstStage(dataset, tmp_path / 'cache', verbose=False)
+    system = jpr(first_stage.retriever(4), dataset, tmp_path / 'jpr', num_candidates=4, k=2, verbose=False)
     out = system(dataset.get_topics())
-    _, dense = minilm_dense(dataset, tmp_path / 'cache', num_results=4, verbose=False)
-    top4 = dense(dataset.get_topics()).groupby('qid')['docno'].agg(set)
+    top4 = first_stage.retriever(4)(dataset.get_topics()).groupby('qid')['docno'].agg(set)
     # two choices from MiniLM's top 4, then the other two of them
     assert out.groupby('qid').size().tolist() == [4, 4]
     assert all(set(frame['docno'].iloc[:2]) <= top4[qid] for qid, frame in out.groupby('qid'))

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from pyterrier_multiquery.__main__ import main
-from pyterrier_multiquery.experiment import run_experiment
+from pyterrier_multiquery.evaluation import run_experiment
 
 
 def test_import_is_cheap():

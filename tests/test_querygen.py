@@ -2,7 +2,7 @@ import pandas as pd
 import pytest
 
 from pyterrier_multiquery.generation import TextGenerator
-from pyterrier_multiquery.generation.transformers import AMER_KEYWORD_PROMPT, KeywordExpansion, QueryGenerator
+from pyterrier_multiquery.generation.query_transformers import AMER_KEYWORD_PROMPT, KeywordExpansion, QueryGenerator
 
 
 class ScriptedGenerator(TextGenerator):

@@ -1,4 +1,5 @@
-"""Sparse representations from vocabulary logits: log(1 + ReLU) max-pooled over positions, on content words."""
+"""Sparse representations from vocabulary logits (log(1 + ReLU) max-pooled over positions, on content words),
+and the pyterrier-pisa index that searches them."""
 from typing import Dict, List
 
 import numpy as np
@@ -45,3 +46,10 @@ def _marks_word_starts(tokenizer) -> bool:
     return any(t.startswith(('Ġ', '▁')) for t in tokens)
 
 
+def sparse_index(path, encoded_docs, *, overwrite: bool = False):
+    """A pyterrier-pisa index (no stemming) of the ``toks`` weights of documents that went through a doc encoder."""
+    from pyterrier_pisa import PisaIndex
+    index = PisaIndex(str(path), stemmer='none', overwrite=overwrite)
+    if not index.built():
+        index.toks_indexer().index(encoded_docs)
+    return index

@@ -5,6 +5,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import pyterrier as pt
 
+from pyterrier_multiquery.training.losses import in_batch_infonce
+
 #: The paper's LoRA settings: rank 16, alpha 64, on every linear projection of the attention and MLP blocks.
 LORA_R, LORA_ALPHA = 16, 64
 
@@ -47,21 +49,18 @@ def contrastive_loss(encoder, triples: Sequence[Tuple[str, str, str]], *, mode: 
     ``encoder`` is a :class:`DiffRetriever` (dense ``mode`` ``maxsim`` or ``mean``, plus the sparse term when
     ``sparse``) or a :class:`DiffEmbed` (mean-pooled vectors, dense term only).
     """
-    import torch
-    import torch.nn.functional as F
-    from pyterrier_multiquery.diffretriever.baselines import DiffEmbed
+    from pyterrier_multiquery.diffretriever.reference_encoders import DiffEmbed
     queries = [t[0] for t in triples]
     docs = [t[1] for t in triples] + [t[2] for t in triples]
-    target = torch.arange(len(triples), device=encoder.device)
     if isinstance(encoder, DiffEmbed):
         q, d = encoder.pooled(queries), encoder.pooled(docs)
-        return F.cross_entropy(q @ d.T / dense_tau, target)
+        return in_batch_infonce(q @ d.T, dense_tau)
     q_hidden, q_logits, q_content = _forward(encoder, queries, encoder.k_query, 'query')
     d_hidden, d_logits, d_content = _forward(encoder, docs, encoder.k_doc, 'doc')
-    loss = F.cross_entropy(dense_scores(q_hidden, d_hidden, mode) / dense_tau, target)
+    loss = in_batch_infonce(dense_scores(q_hidden, d_hidden, mode), dense_tau)
     if sparse:
         q_sparse, d_sparse = _sparse(q_logits, q_content), _sparse(d_logits, d_content)
-        loss = loss + F.cross_entropy(q_sparse @ d_sparse.T / sparse_tau, target)
+        loss = loss + in_batch_infonce(q_sparse @ d_sparse.T, sparse_tau)
     return loss
 
 

@@ -1,1 +1,1 @@
-"""Contrastive losses and training loops shared by the methods."""
+"""Contrastive losses shared by the methods' trainers."""

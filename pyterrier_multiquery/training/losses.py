@@ -1,4 +1,4 @@
-"""Contrastive losses shared by the methods' trainers."""
+"""Contrastive losses shared by the methods' trainers (AMER's matched InfoNCE, DiffRetriever's in-batch InfoNCE)."""
 from typing import TYPE_CHECKING, Tuple
 
 if TYPE_CHECKING:
@@ -36,3 +36,17 @@ def matched_infonce(predictions, candidates, gold, temperature: float = 0.05) ->
     rows, cols = linear_sum_assignment(costs.detach().cpu().numpy())
     rows, cols = torch.as_tensor(rows, device=costs.device), torch.as_tensor(cols, device=costs.device)
     return costs[rows, cols].mean(), torch.stack([rows, cols], dim=1)
+
+
+def in_batch_infonce(scores, temperature: float) -> 'torch.Tensor':
+    """InfoNCE over a batch's candidates: row ``i`` of ``scores`` (queries by candidates) has its positive in column ``i``.
+
+    Args:
+        scores: ``(B, C)`` similarities, ``C >= B`` (the batch's positives first, then any further negatives).
+        temperature: Softmax temperature.
+    """
+    import torch
+    import torch.nn.functional as F
+    if scores.ndim != 2 or scores.shape[1] < scores.shape[0]:
+        raise ValueError(f'scores must be (B, C) with C >= B, got {tuple(scores.shape)}')
+    return F.cross_entropy(scores / temperature, torch.arange(len(scores), device=scores.device))

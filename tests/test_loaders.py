@@ -3,8 +3,8 @@ import json
 import pandas as pd
 import pytest
 
-import pyterrier_multiquery.datasets as datasets
-from pyterrier_multiquery.datasets import (BeirDataset, MusiqueDataset, RamDocsDataset, TrecDataset,
+import pyterrier_multiquery.loaders as datasets
+from pyterrier_multiquery.loaders import (BeirDataset, MusiqueDataset, RamDocsDataset, TrecDataset,
                                            load_dataset)
 
 

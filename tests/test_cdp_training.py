@@ -2,7 +2,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pyterrier_multiquery.training.biencoder import synthetic_pairs, train_bi_encoder
+from pyterrier_multiquery.cdp.training import synthetic_pairs, train_bi_encoder
 
 WORDS = ['moon', 'apollo', 'landing', 'armstrong', 'einstein', 'gravity', 'relativity', 'theory', 'curie', 'radium',
          'nobel', 'prize', 'who', 'what', 'when', 'why']

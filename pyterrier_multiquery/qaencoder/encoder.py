@@ -13,13 +13,9 @@ import pandas as pd
 import pyterrier as pt
 import pyterrier_alpha as pta
 
+from pyterrier_multiquery._vectors import normalise
+
 METHODS = ('base', 'emb', 'txt', 'hyb', 'naive')
-
-
-def normalise(vectors: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit L2 norm (zero rows stay zero)."""
-    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
-    return vectors / np.where(norms == 0, 1, norms)
 
 
 def query_mean(query_vectors: np.ndarray) -> np.ndarray:
