@@ -5,6 +5,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 
 def main(argv=None) -> int:
@@ -51,10 +52,12 @@ def main(argv=None) -> int:
 
     start = time.perf_counter()
     with quiet(not args.verbose):
+        folders_before = _irds_folders()
         try:
             split = dataset_split(dataset, args.variant)
             train_split = split if train_dataset is None else dataset_split(train_dataset)
         except OSError as e:   # ir_datasets downloads topics and qrels on first use
+            _remove_new_empty_folders(folders_before)
             parser.error(f'could not read the topics and qrels ({type(e).__name__}: {e}); an irds: dataset needs the '
                          'network the first time: without one, give --dataset a local copy')
         if train_dataset is not None and train_split.train_topics is None:   # a dataset without a split: all of it
@@ -80,6 +83,23 @@ def main(argv=None) -> int:
         table.to_csv(args.save, index=False)
         print(f'saved to {args.save}')
     return 0
+
+
+def _irds_folders() -> Optional[set]:
+    """The folders under ir_datasets' home, or None when it is not loaded (only irds: datasets load it)."""
+    if 'ir_datasets' not in sys.modules:
+        return None
+    home = Path(sys.modules['ir_datasets'].util.home_path())
+    return {home} | {p for p in home.rglob('*') if p.is_dir()}
+
+
+def _remove_new_empty_folders(before: Optional[set]) -> None:
+    """Removes the empty folders a failed ir_datasets download left under its home, deepest first."""
+    if before is None:
+        return
+    for folder in sorted(_irds_folders() - before, key=lambda p: len(p.parts), reverse=True):
+        if not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def build_systems(args, spec, dataset, train_dataset, train_split, train: bool):

@@ -111,6 +111,8 @@ def test_main_job_explains_an_irds_dataset_it_cannot_download(tmp_path, capsys, 
         main(['--dataset', 'irds:beir/scifact/test', '--no-train', '--cache-dir', str(tmp_path / 'cache')])
     err = capsys.readouterr().err
     assert 'could not read the topics and qrels (ConnectionError' in err and 'give --dataset a local copy' in err
+    assert not (tmp_path / 'irds' / 'beir').exists()   # the failed download leaves no empty folder behind
+    assert not (tmp_path / 'cache').exists()
 
 
 def test_main_job_trains_on_another_collection_when_asked(small_ramdocs, tmp_path, capsys):
