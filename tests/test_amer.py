@@ -209,7 +209,13 @@ def test_query_encoder_feeds_the_multiquery_retriever(tiny_llama, tmp_path):
     run = (encoder >> index.multiquery_retriever(num_results=4))(queries)
     lists = [[f'd{i}' for i in np.argsort(-(docs @ v), kind='stable')] for v in encoded['query_embs'][0]]
     assert run['docno'].tolist() == round_robin(lists, 4)
-    assert encoder(queries.iloc[:0]).empty
+    assert list(encoder(queries.iloc[:0]).columns) == ['qid', 'query', 'query_embs']
+    one_at_a_time = encoder.query_encoder(batch_size=1)(queries)
+    np.testing.assert_array_equal(one_at_a_time['query_embs'][0], encoded['query_embs'][0])
+    assert repr(encoder) == 'AMERQueryEncoder(AMER, num_vectors=2)'
+    assert encoder == AMERQueryEncoder(model) and encoder != AMERQueryEncoder(model, num_vectors=1)
+    with pytest.raises(NotImplementedError, match='AMER encodes queries only'):
+        encoder.doc_encoder()
 
 
 def test_main_job_runs_amer_from_a_saved_model(tiny_llama, tmp_path):

@@ -84,6 +84,7 @@ def test_promptreps_prompt_and_steps(tokenizer):
                                       num_attention_heads=2, num_key_value_heads=1, intermediate_size=32)
     model = transformers.Qwen2ForCausalLM(config)
     reps = PromptReps(model, tokenizer, n_query=3, n_doc=2, device='cpu')
+    assert repr(reps) == 'PromptReps(Qwen2ForCausalLM, n_query=3, n_doc=2, max_length=256)'
     prompt = prompt_ids(tokenizer, ids_of(tokenizer, 'cats'), 3, 'query')
     assert prompt[-len(ids_of(tokenizer, 'The words are: "')):] == ids_of(tokenizer, 'The words are: "')
     out = reps.query_encoder()(pd.DataFrame({'qid': ['1'], 'query': ['cats and dogs']}))
@@ -117,7 +118,8 @@ def test_max_then_log1p_equals_log1p_then_max():
     logits = torch.tensor([[[-1., 2., 0.5], [3., -2., 0.1]]])
     expected = torch.log1p(torch.relu(logits.amax(dim=1)))
     torch.testing.assert_close(sparse_weights(logits), expected)
-    torch.testing.assert_close(sparse_weights(logits), torch.tensor([[np.log(4.), np.log(3.), np.log(1.5)]], dtype=torch.float32))
+    expected = torch.tensor([[np.log(4.), np.log(3.), np.log(1.5)]], dtype=torch.float32)
+    torch.testing.assert_close(sparse_weights(logits), expected)
 
 
 def test_content_word_filter(tokenizer):
@@ -138,6 +140,39 @@ def test_encoder_errors_and_empty(encoder):
         encoder.query_encoder()(pd.DataFrame({'qid': ['1']}))
     empty = encoder.doc_encoder()(pd.DataFrame({'docno': [], 'text': []}))
     assert list(empty.columns) == ['docno', 'text', 'doc_embs', 'toks'] and len(empty) == 0
+
+
+DOCS = pd.DataFrame({'docno': ['a', 'b', 'c', 'd'],
+                     'text': ['cats', 'heart disease of the protein', 'dogs and cats', 'the user']})
+
+
+@pytest.mark.parametrize('cls', [DiffRetriever, DiffEmbed])
+def test_batch_size_does_not_change_the_representations(encoder, cls):
+    one = cls(encoder.backbone, batch_size=1, device='cpu').doc_encoder()(DOCS)
+    three = cls(encoder.backbone, batch_size=3, device='cpu').doc_encoder()(DOCS)
+    for x, y in zip(one['doc_embs'], three['doc_embs']):
+        np.testing.assert_allclose(x, y, atol=1e-6)
+    if cls is DiffRetriever:
+        assert [t.keys() for t in one['toks']] == [t.keys() for t in three['toks']]
+
+
+def test_diffembed_is_one_mean_pooled_vector_and_dense_only(encoder, tokenizer):
+    embed = DiffEmbed(encoder.backbone, device='cpu')
+    out = embed.query_encoder()(pd.DataFrame({'qid': ['1'], 'query': ['heart disease']}))
+    assert list(out.columns) == ['qid', 'query', 'query_embs']
+    ids = torch.tensor([tokenizer('heart disease')['input_ids']])
+    with torch.no_grad():
+        hidden = encoder.backbone.model(input_ids=ids, output_hidden_states=True).hidden_states[-1][0]
+    expected = torch.nn.functional.normalize(hidden.mean(0), dim=-1).numpy()
+    np.testing.assert_allclose(out['query_embs'][0], expected[None], atol=1e-6)
+
+
+def test_reprs_and_equality(encoder):
+    assert repr(encoder) == 'DiffRetriever(BertForMaskedLM, k_query=2, k_doc=3, steps=1, max_length=256)'
+    assert repr(encoder.doc_encoder()) == f'{encoder!r}.doc_encoder()'
+    assert encoder.with_k() == encoder and encoder.with_k(k_doc=1) != encoder
+    assert encoder.with_k().query_encoder() == encoder.query_encoder()
+    assert repr(DiffEmbed(encoder.backbone, device='cpu')) == 'DiffEmbed(BertForMaskedLM, max_length=256)'
 
 
 def test_iterative_unmasking_matches_manual(encoder, tokenizer):
@@ -233,7 +268,8 @@ def test_save_load_round_trip(encoder, tmp_path):
 
 
 def test_budget_selection_oracle_and_correlation():
-    values = {(1, 1): {'a': .1, 'b': .9}, (1, 2): {'a': .5, 'b': .2}, (2, 1): {'a': .5, 'b': .6}, (2, 2): {'a': .2, 'b': .3}}
+    values = {(1, 1): {'a': .1, 'b': .9}, (1, 2): {'a': .5, 'b': .2}, (2, 1): {'a': .5, 'b': .6},
+              (2, 2): {'a': .2, 'b': .3}}
     grid = budget_grid(lambda kq, kd: values[(kq, kd)], budgets=(1, 2))
     assert len(grid) == 8
     assert select_budget(grid) == {'k_query': 2, 'k_doc': 1}  # means .5, .35, .55, .25
@@ -261,7 +297,8 @@ def test_diffretriever_modes(encoder, tmp_path):
             for mode in ('dense', 'mean', 'sparse', 'hybrid')}
     assert len(list((tmp_path / 'cache').glob('diffretriever-*-k3.mvi'))) == 1
     queries = encoder.query_encoder()(topics)
-    docs = encoder.doc_encoder()(pd.DataFrame({'docno': ['a', 'b'], 'text': ['cats and dogs', 'heart disease protein']}))
+    docs = encoder.doc_encoder()(pd.DataFrame({'docno': ['a', 'b'],
+                                               'text': ['cats and dogs', 'heart disease protein']}))
     q = queries['query_embs'][0]
     maxsim = {d: float((q @ e.T).max(1).mean()) for d, e in zip(docs['docno'], docs['doc_embs'])}
     dense = runs['dense'].set_index('docno')['score']

@@ -3,14 +3,10 @@ import json
 from pathlib import Path
 from typing import List, Optional
 
-import numpy as np
-import pandas as pd
-import pyterrier as pt
-
-from pyterrier_multiquery._device import resolve_device
 from pyterrier_multiquery._files import building
 from pyterrier_multiquery.diffretriever.prompts import layout
 from pyterrier_multiquery.diffretriever.sparse import content_token_ids, sparse_weights, to_toks
+from pyterrier_multiquery.multivector_encoder import Encoded, MultiVectorEncoder
 
 CONFIG_NAME = 'diffretriever.json'
 
@@ -53,7 +49,17 @@ class MaskedBackbone:
         return hidden, out.logits
 
 
-class DiffRetriever:
+def mask_representations(tokenizer, hidden, logits, content: List[List[int]]) -> Encoded:
+    """The representations read at the mask (or generated) positions of a batch: ``(B, k, d)`` hidden states as
+    L2-normalised float32 ``(k, d)`` arrays, ``(B, k, V)`` logits as ``max_k log(1 + ReLU)`` weights over each
+    text's ``content`` token ids."""
+    import torch
+    hidden = torch.nn.functional.normalize(hidden.float(), dim=-1).cpu().numpy()
+    weights = sparse_weights(logits.float()).cpu().numpy()
+    return Encoded(list(hidden), [to_toks(tokenizer, w, allowed) for w, allowed in zip(weights, content)])
+
+
+class DiffRetriever(MultiVectorEncoder):
     """DiffRetriever (seed 004): K mask positions after the retrieval prompt; each position's last hidden state is
     a dense vector (``query_embs``/``doc_embs``, L2-normalised) and ``max_k log(1 + ReLU(logits_k))`` over the
     content words of the input is the sparse vector (``query_toks``/``toks``).
@@ -62,17 +68,34 @@ class DiffRetriever:
     most confident still-masked positions (``ceil(K / steps)`` of them) take their argmax token, and the
     representations are read from the last pass.
     """
+    sparse = True
+    settings = ('k_query', 'k_doc', 'steps', 'max_length')
 
     def __init__(self, backbone: MaskedBackbone, *, k_query: int = 4, k_doc: int = 4, steps: int = 1,
-                 max_length: int = 256, batch_size: int = 16, device: Optional[str] = None, verbose: bool = False):
+                 max_length: int = 256, batch_size: int = 16, text_field: str = 'text', device: Optional[str] = None,
+                 verbose: bool = False):
+        """
+        Args:
+            backbone: The bidirectional model.
+            k_query: Mask positions (vectors) per query.
+            k_doc: Mask positions (vectors) per document.
+            steps: Forward passes (iterative unmasking when more than 1).
+            max_length: Text tokens read at most (the prompt comes on top).
+            batch_size: Texts per forward pass.
+            text_field: The column holding the document text.
+            device: Torch device (default: CUDA when available).
+            verbose: Whether to show progress bars.
+        """
         for name, value in (('k_query', k_query), ('k_doc', k_doc), ('steps', steps)):
             if value < 1:
                 raise ValueError(f'{name} must be at least 1, got {value}')
         self.backbone = backbone
-        self.k_query, self.k_doc, self.steps = k_query, k_doc, steps
-        self.max_length, self.batch_size, self.verbose = max_length, batch_size, verbose
-        self.device = resolve_device(device)
-        self.backbone.model.to(self.device).eval()
+        self.k_query, self.k_doc, self.steps, self.max_length = k_query, k_doc, steps, max_length
+        super().__init__(batch_size=batch_size, text_field=text_field, verbose=verbose, device=device)
+
+    @property
+    def module(self):
+        return self.backbone.model
 
     @classmethod
     def from_pretrained(cls, path: str, k_query: Optional[int] = None, k_doc: Optional[int] = None, *,
@@ -102,7 +125,7 @@ class DiffRetriever:
         """The same backbone with other budgets."""
         return DiffRetriever(self.backbone, k_query=k_query or self.k_query, k_doc=k_doc or self.k_doc,
                              steps=self.steps, max_length=self.max_length, batch_size=self.batch_size,
-                             device=self.device, verbose=self.verbose)
+                             text_field=self.text_field, device=self.device, verbose=self.verbose)
 
     def batch(self, texts: List[str], k: int, side: str):
         """Input tensors for ``texts``: ``(input_ids, attention_mask, mask_positions (B, k), content ids per text)``."""
@@ -122,7 +145,8 @@ class DiffRetriever:
         for i, r in enumerate(rows):
             input_ids[i, :len(r)] = torch.tensor(r)
             attention[i, :len(r)] = 1
-        return input_ids.to(self.device), attention.to(self.device), torch.tensor(positions, device=self.device), content
+        positions = torch.tensor(positions, device=self.device)
+        return input_ids.to(self.device), attention.to(self.device), positions, content
 
     def represent(self, input_ids, attention_mask, positions):
         """Hidden states ``(B, k, d)`` and logits ``(B, k, V)`` at the mask positions, after ``steps`` passes."""
@@ -144,59 +168,13 @@ class DiffRetriever:
             input_ids[rows.expand_as(positions)[chosen_mask], positions[chosen_mask]] = tokens[chosen_mask]
             masked &= ~chosen_mask
 
-    def encode(self, texts: List[str], side: str):
-        """``(embs, toks)`` per text: ``(k, d)`` float32 normalised arrays and ``{word: weight}`` dicts."""
-        import torch
-        k = self.k_query if side == 'query' else self.k_doc
-        embs, toks = [], []
-        starts = range(0, len(texts), self.batch_size)
-        if self.verbose:
-            starts = pt.tqdm(starts, desc=f'DiffRetriever {side}s', unit='batch')
-        with torch.no_grad():
-            for start in starts:
-                input_ids, attention, positions, content = self.batch(texts[start:start + self.batch_size], k, side)
-                hidden, logits = self.represent(input_ids, attention, positions)
-                hidden = torch.nn.functional.normalize(hidden.float(), dim=-1).cpu().numpy()
-                weights = sparse_weights(logits.float()).cpu().numpy()
-                for h, w, allowed in zip(hidden, weights, content):
-                    embs.append(h.astype(np.float32))
-                    toks.append(to_toks(self.backbone.tokenizer, w, allowed))
-        return embs, toks
+    def encode_query_batch(self, texts: List[str]) -> Encoded:
+        return self._encode_batch(texts, self.k_query, 'query')
 
-    def query_encoder(self) -> pt.Transformer:
-        """Adds ``query_embs`` and ``query_toks`` to a frame of queries."""
-        return _Encoder(self, 'query')
+    def encode_doc_batch(self, texts: List[str]) -> Encoded:
+        return self._encode_batch(texts, self.k_doc, 'doc')
 
-    def doc_encoder(self) -> pt.Transformer:
-        """Adds ``doc_embs`` and ``toks`` to a frame of documents."""
-        return _Encoder(self, 'doc')
-
-    def __repr__(self):
-        return (f'DiffRetriever({type(self.backbone.model).__name__}, k_query={self.k_query}, k_doc={self.k_doc}, '
-                f'steps={self.steps})')
-
-
-class _Encoder(pt.Transformer):
-    """Query or document side of an encoder that has ``encode(texts, side) -> (embs, toks)``."""
-    _COLUMNS = {'query': ('query', 'query_embs', 'query_toks'), 'doc': ('text', 'doc_embs', 'toks')}
-
-    def __init__(self, encoder, side: str):
-        self.encoder, self.side = encoder, side
-        self.schematic = {'label': f'{type(encoder).__name__} {side}'}
-
-    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
-        text, embs_col, toks_col = self._COLUMNS[self.side]
-        pt.validate.columns(inp, includes=[text])
-        if len(inp) == 0:
-            return inp.assign(**{embs_col: pd.Series(dtype=object), toks_col: pd.Series(dtype=object)})
-        embs, toks = self.encoder.encode(inp[text].tolist(), self.side)
-        return inp.assign(**{embs_col: embs, toks_col: toks})
-
-    def __eq__(self, other):
-        return isinstance(other, _Encoder) and other.encoder is self.encoder and other.side == self.side
-
-    def __hash__(self):
-        return hash((id(self.encoder), self.side))
-
-    def __repr__(self):
-        return f'{self.encoder!r}.{self.side}_encoder()'
+    def _encode_batch(self, texts: List[str], k: int, side: str) -> Encoded:
+        input_ids, attention, positions, content = self.batch(texts, k, side)
+        hidden, logits = self.represent(input_ids, attention, positions)
+        return mask_representations(self.backbone.tokenizer, hidden, logits, content)

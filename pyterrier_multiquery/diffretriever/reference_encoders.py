@@ -2,24 +2,35 @@
 PromptReps (the same prompt on an autoregressive LM, N tokens generated one at a time)."""
 from typing import List, Optional
 
-import numpy as np
-import pyterrier as pt
-
-from pyterrier_multiquery._device import resolve_device
-from pyterrier_multiquery.diffretriever.encoder import MaskedBackbone, _Encoder
+from pyterrier_multiquery.diffretriever.encoder import MaskedBackbone, mask_representations
 from pyterrier_multiquery.diffretriever.prompts import prompt_ids
-from pyterrier_multiquery.diffretriever.sparse import content_token_ids, sparse_weights, to_toks
+from pyterrier_multiquery.diffretriever.sparse import content_token_ids
+from pyterrier_multiquery.multivector_encoder import Encoded, MultiVectorEncoder
 
 
-class DiffEmbed:
+class DiffEmbed(MultiVectorEncoder):
     """DiffEmbed: the attention-masked mean of the last hidden states of the bare text, L2-normalised, as a single
-    row of ``query_embs``/``doc_embs`` (sparse weights are not part of this baseline: ``toks`` is empty)."""
+    row of ``query_embs``/``doc_embs`` (a dense-only baseline: no sparse columns). Queries and documents are
+    encoded alike."""
+    settings = ('max_length',)
 
     def __init__(self, backbone: MaskedBackbone, *, max_length: int = 256, batch_size: int = 16,
-                 device: Optional[str] = None, verbose: bool = False):
-        self.backbone, self.max_length, self.batch_size, self.verbose = backbone, max_length, batch_size, verbose
-        self.device = resolve_device(device)
-        self.backbone.model.to(self.device).eval()
+                 text_field: str = 'text', device: Optional[str] = None, verbose: bool = False):
+        """
+        Args:
+            backbone: The bidirectional model.
+            max_length: Tokens read at most.
+            batch_size: Texts per forward pass.
+            text_field: The column holding the document text.
+            device: Torch device (default: CUDA when available).
+            verbose: Whether to show progress bars.
+        """
+        self.backbone, self.max_length = backbone, max_length
+        super().__init__(batch_size=batch_size, text_field=text_field, verbose=verbose, device=device)
+
+    @property
+    def module(self):
+        return self.backbone.model
 
     @classmethod
     def from_pretrained(cls, path: str, *, trust_remote_code: bool = False, **kwargs) -> 'DiffEmbed':
@@ -34,38 +45,47 @@ class DiffEmbed:
         mask = batch['attention_mask'].unsqueeze(-1).to(hidden.dtype)
         return torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
 
-    def encode(self, texts: List[str], side: str):
-        import torch
-        embs = []
-        starts = range(0, len(texts), self.batch_size)
-        if self.verbose:
-            starts = pt.tqdm(starts, desc=f'DiffEmbed {side}s', unit='batch')
-        with torch.no_grad():
-            for start in starts:
-                embs.extend(v[None].astype(np.float32) for v in self.pooled(texts[start:start + self.batch_size]).float().cpu().numpy())
-        return embs, [{} for _ in texts]
+    def encode_query_batch(self, texts: List[str]) -> Encoded:
+        return Encoded([v[None] for v in self.pooled(texts).float().cpu().numpy()])
 
-    def query_encoder(self) -> pt.Transformer:
-        return _Encoder(self, 'query')
-
-    def doc_encoder(self) -> pt.Transformer:
-        return _Encoder(self, 'doc')
-
-    def __repr__(self):
-        return f'DiffEmbed({type(self.backbone.model).__name__})'
+    encode_doc_batch = encode_query_batch
 
 
-class PromptReps:
+class PromptReps(MultiVectorEncoder):
     """PromptReps: the retrieval prompt on a causal LM, greedy generation of ``n`` tokens one step at a time (KV
     cache); each step's last hidden state is a dense vector and its logits feed the sparse vector
-    (``max_steps log(1 + ReLU)`` on the input's content words), as in DiffRetriever."""
+    (``max_steps log(1 + ReLU)`` on the input's content words), as in DiffRetriever.
+
+    Generation runs one text at a time (no padding, as in the paper's latency comparison); ``batch_size`` sets how
+    many texts one :meth:`encode_query_batch` call takes.
+    """
+    sparse = True
+    settings = ('n_query', 'n_doc', 'max_length')
 
     def __init__(self, model, tokenizer, *, n_query: int = 4, n_doc: int = 4, max_length: int = 256,
-                 device: Optional[str] = None, verbose: bool = False):
+                 batch_size: int = 16, text_field: str = 'text', device: Optional[str] = None, verbose: bool = False):
+        """
+        Args:
+            model: A Hugging Face causal LM.
+            tokenizer: Its tokenizer.
+            n_query: Tokens generated (vectors) per query.
+            n_doc: Tokens generated (vectors) per document.
+            max_length: Text tokens read at most (the prompt comes on top).
+            batch_size: Texts per :meth:`encode_query_batch`/:meth:`encode_doc_batch` call.
+            text_field: The column holding the document text.
+            device: Torch device (default: CUDA when available).
+            verbose: Whether to show progress bars.
+        """
+        for name, value in (('n_query', n_query), ('n_doc', n_doc)):
+            if value < 1:
+                raise ValueError(f'{name} must be at least 1, got {value}')
         self.model, self.tokenizer = model, tokenizer
-        self.n_query, self.n_doc, self.max_length, self.verbose = n_query, n_doc, max_length, verbose
-        self.device = resolve_device(device)
-        self.model.to(self.device).eval()
+        self.n_query, self.n_doc, self.max_length = n_query, n_doc, max_length
+        super().__init__(batch_size=batch_size, text_field=text_field, verbose=verbose, device=device)
+
+    @property
+    def module(self):
+        return self.model
 
     @classmethod
     def from_pretrained(cls, path: str, *, gguf_file: Optional[str] = None, **kwargs) -> 'PromptReps':
@@ -77,7 +97,8 @@ class PromptReps:
     def generate(self, text: str, n: int, side: str):
         """``(hidden (n, d), logits (n, V), content ids)`` for one text, ``n`` sequential forward steps."""
         import torch
-        text_ids = self.tokenizer(text, add_special_tokens=False, truncation=True, max_length=self.max_length)['input_ids']
+        text_ids = self.tokenizer(text, add_special_tokens=False, truncation=True,
+                                  max_length=self.max_length)['input_ids']
         ids = torch.tensor([prompt_ids(self.tokenizer, text_ids, n, side)], device=self.device)
         hidden, logits, past = [], [], None
         for _ in range(n):
@@ -88,22 +109,13 @@ class PromptReps:
             ids = out.logits[:, -1].argmax(-1, keepdim=True)
         return torch.stack(hidden), torch.stack(logits), content_token_ids(self.tokenizer, text_ids)
 
-    def encode(self, texts: List[str], side: str):
+    def encode_query_batch(self, texts: List[str]) -> Encoded:
+        return self._encode_batch(texts, self.n_query, 'query')
+
+    def encode_doc_batch(self, texts: List[str]) -> Encoded:
+        return self._encode_batch(texts, self.n_doc, 'doc')
+
+    def _encode_batch(self, texts: List[str], n: int, side: str) -> Encoded:
         import torch
-        n = self.n_query if side == 'query' else self.n_doc
-        embs, toks = [], []
-        with torch.no_grad():
-            for text in (pt.tqdm(texts, desc=f'PromptReps {side}s') if self.verbose else texts):
-                hidden, logits, allowed = self.generate(text, n, side)
-                embs.append(torch.nn.functional.normalize(hidden.float(), dim=-1).cpu().numpy())
-                toks.append(to_toks(self.tokenizer, sparse_weights(logits.float()).cpu().numpy(), allowed))
-        return embs, toks
-
-    def query_encoder(self) -> pt.Transformer:
-        return _Encoder(self, 'query')
-
-    def doc_encoder(self) -> pt.Transformer:
-        return _Encoder(self, 'doc')
-
-    def __repr__(self):
-        return f'PromptReps({type(self.model).__name__}, n_query={self.n_query}, n_doc={self.n_doc})'
+        hidden, logits, content = zip(*(self.generate(text, n, side) for text in texts))
+        return mask_representations(self.tokenizer, torch.stack(hidden), torch.stack(logits), list(content))
