@@ -31,8 +31,12 @@ def quiet(enabled: bool = True) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _transformers_quiet() -> Iterator[None]:
-    """transformers' own verbosity and loading bars, set to errors only within the block."""
-    from transformers.utils import logging as hf_logging
+    """transformers' own verbosity and loading bars, set to errors only within the block (when it is installed)."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ModuleNotFoundError:
+        yield
+        return
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()

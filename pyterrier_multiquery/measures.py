@@ -87,7 +87,8 @@ class _MultiAnswerMeasure(measures.Measure):
     def __init__(self, **params):
         cutoff = params.get('cutoff')
         if cutoff is not None and (isinstance(cutoff, bool) or not isinstance(cutoff, numbers.Integral) or cutoff < 1):
-            raise ValueError(f'{self.NAME}@k needs a whole number k >= 1 (the top k passages that count), got {cutoff!r}')
+            raise ValueError(f'{self.NAME}@k needs a whole number k >= 1 (the top k passages that count), '
+                             f'got {cutoff!r}')
         super().__init__(**params)
 
     def runtime_impl(self, qrels, run):

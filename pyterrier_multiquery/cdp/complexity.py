@@ -6,6 +6,8 @@ from typing import Dict, Iterable, Sequence, Set
 
 import numpy as np
 
+from pyterrier_multiquery._extras import requires
+
 #: Below this mean content-word count the paper advises against diverse queries.
 AVOID_DIVERSITY_BELOW = 7
 #: Above this mean content-word count the paper advises diverse queries.
@@ -19,7 +21,8 @@ def content_words(text: str) -> Set[str]:
 
     Stopwords are scikit-learn's English list (it ships with the package; NLTK's list would need a download).
     """
-    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+    with requires('cdp'):
+        from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
     return {w for w in _WORD.findall(text.lower()) if len(w) > 1 and w not in ENGLISH_STOP_WORDS}
 
 

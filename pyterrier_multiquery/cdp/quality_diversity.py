@@ -4,6 +4,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._vectors import normalise
 
 
@@ -13,13 +14,15 @@ def self_bleu(queries: Sequence[str]) -> float:
     n-gram order). Higher means less diverse; NaN for fewer than two queries."""
     if len(queries) < 2:
         return float('nan')
-    from sacrebleu.metrics import BLEU
+    with requires('cdp'):
+        from sacrebleu.metrics import BLEU
     bleu = BLEU(effective_order=True, smooth_method='exp')
     scores = [bleu.sentence_score(q, [r for j, r in enumerate(queries) if j != i]).score for i, q in enumerate(queries)]
     return float(np.mean(scores)) / 100
 
 
-def paraphrase_ratio(queries: Sequence[str], *, cross_encoder=None, encoder=None, threshold: Optional[float] = None) -> float:
+def paraphrase_ratio(queries: Sequence[str], *, cross_encoder=None, encoder=None,
+                     threshold: Optional[float] = None) -> float:
     """The fraction of pairs of a document's generated queries that are paraphrases of each other (higher means
     less diverse); NaN for fewer than two queries.
 
@@ -64,6 +67,6 @@ def len_sim(synthetic: Sequence[str], real: Sequence[str]) -> float:
     if not synthetic or not real:
         raise ValueError('len_sim needs at least one synthetic and one real query')
     lengths = [np.bincount([len(q.split()) for q in queries]) for queries in (synthetic, real)]
-    size = max(len(l) for l in lengths)
-    frequencies = [np.pad(l, (0, size - len(l))) / l.sum() for l in lengths]
+    size = max(len(counts) for counts in lengths)
+    frequencies = [np.pad(counts, (0, size - len(counts))) / counts.sum() for counts in lengths]
     return float(np.minimum(*frequencies).sum())

@@ -7,6 +7,7 @@ import pandas as pd
 import pyterrier_alpha as pta
 
 from pyterrier_multiquery._device import resolve_device
+from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building
 
 
@@ -48,12 +49,13 @@ def train_bi_encoder(pairs: pd.DataFrame, model: Union[str, Path], output: Union
     Returns:
         The output path.
     """
-    from datasets import Dataset
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-    from sentence_transformers.sentence_transformer.trainer import SentenceTransformerTrainer
-    from sentence_transformers.sentence_transformer.training_args import (BatchSamplers,
-                                                                          SentenceTransformerTrainingArguments)
+    with requires('train'):
+        from datasets import Dataset
+        from sentence_transformers import SentenceTransformer
+        from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+        from sentence_transformers.sentence_transformer.trainer import SentenceTransformerTrainer
+        from sentence_transformers.sentence_transformer.training_args import (BatchSamplers,
+                                                                              SentenceTransformerTrainingArguments)
     pta.validate.columns(pairs, includes=['query', 'text'])
     if len(pairs) < 2:
         raise ValueError(f'training needs at least two pairs (in-batch negatives), got {len(pairs)}')

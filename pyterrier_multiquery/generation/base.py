@@ -79,7 +79,8 @@ class CachedGenerator(TextGenerator):
         with sqlite3.connect(self.path) as db:
             for start in range(0, len(keys), 500):  # SQLite bounds the number of parameters of one statement
                 chunk = keys[start:start + 500]
-                found.update(db.execute(f'SELECT key, text FROM generations WHERE key IN ({",".join("?" * len(chunk))})', chunk))
+                placeholders = ','.join('?' * len(chunk))
+                found.update(db.execute(f'SELECT key, text FROM generations WHERE key IN ({placeholders})', chunk))
         missing = list(dict.fromkeys(k for k in keys if k not in found))
         if missing:
             prompt_of = dict(zip(keys, prompts))

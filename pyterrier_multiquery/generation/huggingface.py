@@ -6,6 +6,7 @@ from typing import Dict, List, Optional, Tuple
 import pyterrier as pt
 
 from pyterrier_multiquery._device import resolve_device
+from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.generation.base import Messages, TextGenerator
 
 
@@ -33,7 +34,8 @@ class HuggingFaceGenerator(TextGenerator):
             seed: Seed for sampling.
             verbose: Whether to show a progress bar over batches.
         """
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        with requires('generation'):
+            from transformers import AutoModelForCausalLM, AutoTokenizer
         self.model_id = name or (f'{model}::{gguf_file}' if gguf_file else str(model))
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
@@ -54,7 +56,8 @@ class HuggingFaceGenerator(TextGenerator):
                 'seed': self.seed if self.temperature > 0 else None}
 
     def _generate(self, prompts: List[Messages]) -> List[str]:
-        import torch
+        with requires('generation'):
+            import torch
         texts = [self._render(p) for p in prompts]
         # prompts of similar length share a batch, so little of each batch is padding
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))

@@ -5,6 +5,7 @@ from typing import Dict, List, Optional
 
 import pyterrier as pt
 
+from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.generation.base import GenerationError, Messages, TextGenerator
 
 RETRIED_STATUSES = (408, 409, 429, 500, 502, 503, 504)
@@ -51,7 +52,8 @@ class OpenAICompatibleGenerator(TextGenerator):
         return {'max_tokens': self.max_tokens, 'temperature': self.temperature}
 
     def _generate(self, prompts: List[Messages]) -> List[str]:
-        import requests
+        with requires('generation'):
+            import requests
         with requests.Session() as session:
             key = os.environ.get(self.api_key_env)
             if key:
@@ -60,7 +62,8 @@ class OpenAICompatibleGenerator(TextGenerator):
             return [self._complete(session, p) for p in prompts]
 
     def _complete(self, session, prompt: Messages) -> str:
-        import requests
+        with requires('generation'):
+            import requests
         url = f'{self.base_url}/chat/completions'
         body = {'model': self.model, 'messages': prompt, 'max_tokens': self.max_tokens, 'temperature': self.temperature}
         for attempt in range(self.max_retries + 1):
@@ -69,7 +72,8 @@ class OpenAICompatibleGenerator(TextGenerator):
                 response = session.post(url, json=body, timeout=self.timeout)
             except (requests.ConnectionError, requests.Timeout) as e:
                 if last_try:
-                    raise GenerationError(f'{url}: no answer after {attempt + 1} attempts ({type(e).__name__}: {e})') from e
+                    raise GenerationError(f'{url}: no answer after {attempt + 1} attempts '
+                                          f'({type(e).__name__}: {e})') from e
                 time.sleep(self.backoff * 2 ** attempt)
                 continue
             if response.status_code in RETRIED_STATUSES and not last_try:
@@ -81,7 +85,8 @@ class OpenAICompatibleGenerator(TextGenerator):
             try:
                 return response.json()['choices'][0]['message']['content']
             except (ValueError, KeyError, IndexError, TypeError):
-                raise GenerationError(f'{url} answered 200 without choices[0].message.content: {response.text[:300]}') from None
+                raise GenerationError(f'{url} answered 200 without choices[0].message.content: '
+                                      f'{response.text[:300]}') from None
 
     def __repr__(self):
         return f'OpenAICompatibleGenerator({self.model!r}, base_url={self.base_url!r})'

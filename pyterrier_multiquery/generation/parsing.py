@@ -3,10 +3,10 @@ import json
 import re
 from typing import List, Optional
 
-_LIST_MARKER = re.compile(r'^\s*(?:[-*•]+|\(?\d+[.):]|\(?[a-zA-Z][.)]|Q\d*[.):]|Q\d+|(?:Query|Question)\s*\d*\s*[.):])\s*',
-                          re.IGNORECASE)
-_PREAMBLE = re.compile(r'^(here (are|is)|sure|certainly|of course|the following|(queries|questions?|query|keywords?|output):?$)',
-                       re.IGNORECASE)
+_LIST_MARKER = re.compile(r'^\s*(?:[-*•]+|\(?\d+[.):]|\(?[a-zA-Z][.)]|Q\d*[.):]|Q\d+'
+                          r'|(?:Query|Question)\s*\d*\s*[.):])\s*', re.IGNORECASE)
+_PREAMBLE = re.compile(r'^(here (are|is)|sure|certainly|of course|the following'
+                       r'|(queries|questions?|query|keywords?|output):?$)', re.IGNORECASE)
 _ANSWER = re.compile(r'^\s*(?:A\d*|Answer\s*\d*)\s*[.):]', re.IGNORECASE)
 
 

@@ -52,7 +52,8 @@ class QueryGenerator(pt.Transformer):
         """
         template = QUERY_PROMPTS.get(prompt, prompt)
         if '{text}' not in template:
-            raise ValueError(f'prompt must be one of {sorted(QUERY_PROMPTS)} or a template with {{text}}, got {prompt!r}')
+            raise ValueError(f'prompt must be one of {sorted(QUERY_PROMPTS)} or a template with {{text}}, '
+                             f'got {prompt!r}')
         if num_queries < 1:
             raise ValueError(f'num_queries must be at least 1, got {num_queries}')
         self.generator = generator

@@ -7,6 +7,7 @@ from typing import Optional
 import numpy as np
 import pyterrier as pt
 
+from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import remove_stale
 
 ANN_KINDS = ('flat', 'ivf', 'hnsw')
@@ -42,7 +43,8 @@ def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, 
     Returns:
         The CPU :class:`faiss.Index` (inner-product metric).
     """
-    import faiss
+    with requires('dense'):
+        import faiss
 
     from pyterrier_multiquery.index.core import CorruptIndexError
     meta, vectors, _, _ = index.payload()
@@ -79,7 +81,8 @@ def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, 
 
 def to_device(ann, device: str):
     """Moves a FAISS index to the GPU when ``device`` is CUDA and FAISS was built with GPU support."""
-    import faiss
+    with requires('dense'):
+        import faiss
     if device.startswith('cuda') and hasattr(faiss, 'index_cpu_to_gpu') and faiss.get_num_gpus() > 0:
         gpu = int(device.split(':')[1]) if ':' in device else 0
         return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), gpu, ann)
@@ -88,7 +91,8 @@ def to_device(ann, device: str):
 
 def set_search_effort(ann, kind: str, effort: int) -> None:
     """Sets how much of the index a search visits: IVF lists probed (``nprobe``) or HNSW's ``efSearch``."""
-    import faiss
+    with requires('dense'):
+        import faiss
     name = {'ivf': 'nprobe', 'hnsw': 'efSearch'}.get(kind)
     if name is not None:
         space = faiss.GpuParameterSpace() if 'Gpu' in type(ann).__name__ else faiss.ParameterSpace()

@@ -99,7 +99,8 @@ class MultiVectorIndex(pta.Artifact, pt.Indexer):
         return MeanRetriever(self, **kwargs)
 
     def multiquery_retriever(self, merge: str = 'round_robin', **kwargs) -> pt.Transformer:
-        """Each query vector searches on its own; lists merged (arguments as :class:`~.multiquery.MultiQueryRetriever`)."""
+        """Each query vector searches on its own; lists merged (arguments as
+        :class:`~.multiquery.MultiQueryRetriever`)."""
         from pyterrier_multiquery.index.multiquery import MultiQueryRetriever
         return MultiQueryRetriever(self, merge=merge, **kwargs)
 
@@ -296,14 +297,16 @@ def _read_meta(path: Path) -> Tuple[dict, bytes]:
         raise CorruptIndexError(f'{str(meta_file)!r} names a {meta.get("type")}/{meta.get("format")} artifact, '
                                 'not a MultiVectorIndex')
     if meta.get('dtype') not in _DTYPES:
-        raise CorruptIndexError(f'{str(meta_file)!r} names dtype {meta.get("dtype")!r}; expected one of {list(_DTYPES)}')
+        raise CorruptIndexError(f'{str(meta_file)!r} names dtype {meta.get("dtype")!r}; '
+                                f'expected one of {list(_DTYPES)}')
     for key in ('dim', 'doc_count', 'vec_count'):
         if type(meta.get(key)) is not int or meta[key] < 1:
             raise CorruptIndexError(f'{str(meta_file)!r}: {key} must be a positive integer, got {meta.get(key)!r}')
     checksums = meta.get('crc32', {})
     if not isinstance(checksums, dict) or set(checksums) - set(_CHECKSUMMED) or \
             not all(type(v) is int for v in checksums.values()):
-        raise CorruptIndexError(f'{str(meta_file)!r}: crc32 must map {list(_CHECKSUMMED)} to integers, got {checksums!r}')
+        raise CorruptIndexError(f'{str(meta_file)!r}: crc32 must map {list(_CHECKSUMMED)} to integers, '
+                                f'got {checksums!r}')
     return meta, raw
 
 
@@ -322,7 +325,8 @@ def _load(path: Path, meta: dict):
                                     '(its CRC-32 differs from pt_meta.json)')
     offsets = np.fromfile(path / 'offsets.i8', dtype=np.int64)
     if offsets[0] != 0 or offsets[-1] != meta['vec_count'] or np.any(np.diff(offsets) <= 0):
-        raise CorruptIndexError(f'{str(path / "offsets.i8")!r} is not an increasing sequence from 0 to {meta["vec_count"]}')
+        raise CorruptIndexError(f'{str(path / "offsets.i8")!r} is not an increasing sequence '
+                                f'from 0 to {meta["vec_count"]}')
     vectors = np.memmap(path / file_name, mode='r', dtype=dtype, shape=(meta['vec_count'], meta['dim']))
     try:
         docnos = Lookup(path / 'docnos.npids')

@@ -7,6 +7,10 @@ import pandas as pd
 import pyterrier as pt
 
 from pyterrier_multiquery._device import resolve_device
+from pyterrier_multiquery._extras import requires
+
+with requires('dense'):
+    import torch
 
 AGGREGATES = ('mean', 'sum')
 
@@ -23,7 +27,6 @@ def maxsim_scores(query, doc_vectors, doc_lengths, aggregate: str):
     Returns:
         ``(batch, D)`` scores.
     """
-    import torch
     queries = query if isinstance(query, list) else [query]
     stacked = torch.cat(queries)
     sims = stacked @ doc_vectors.T
@@ -36,7 +39,8 @@ def maxsim_scores(query, doc_vectors, doc_lengths, aggregate: str):
         per_doc.scatter_reduce_(1, doc_of_vector.expand(len(stacked), -1), sims, reduce='amax')
     query_lengths = torch.tensor([len(q) for q in queries], device=sims.device)
     query_of_row = torch.repeat_interleave(torch.arange(len(queries), device=sims.device), query_lengths)
-    scores = torch.zeros((len(queries), doc_count), device=sims.device, dtype=sims.dtype).index_add_(0, query_of_row, per_doc)
+    scores = torch.zeros((len(queries), doc_count), device=sims.device, dtype=sims.dtype)
+    scores.index_add_(0, query_of_row, per_doc)
     return scores / query_lengths[:, None] if aggregate == 'mean' else scores
 
 
@@ -111,7 +115,6 @@ class MaxSimRetriever(pt.Transformer):
         return result_frame(inp[columns], results, docnos)
 
     def _search_exact(self, queries, vectors, offsets) -> List[Tuple[np.ndarray, np.ndarray]]:
-        import torch
         batch = [torch.from_numpy(q).to(self.device) for q in queries]
         best_scores = torch.empty((len(queries), 0), device=self.device)
         best_docids = torch.empty((len(queries), 0), dtype=torch.long, device=self.device)
@@ -123,14 +126,14 @@ class MaxSimRetriever(pt.Transformer):
             lengths = torch.from_numpy(np.diff(offsets[first:last + 1])).to(self.device)
             scores = maxsim_scores(batch, block, lengths, self.aggregate)
             best_scores = torch.cat([best_scores, scores], dim=1)
-            best_docids = torch.cat([best_docids, torch.arange(first, last, device=self.device).expand(len(queries), -1)], dim=1)
+            block_docids = torch.arange(first, last, device=self.device).expand(len(queries), -1)
+            best_docids = torch.cat([best_docids, block_docids], dim=1)
             if best_scores.shape[1] > self.num_results:
                 best_scores, keep = best_scores.topk(self.num_results, dim=1)
                 best_docids = best_docids.gather(1, keep)
         return [ranked(s, d) for s, d in zip(best_scores.cpu().numpy(), best_docids.cpu().numpy())]
 
     def _search_approximate(self, queries, vectors, offsets) -> List[Tuple[np.ndarray, np.ndarray]]:
-        import torch
         from pyterrier_multiquery.index.ann import load_or_build, set_search_effort, to_device
         meta = self.index.payload()[0]
         if self._faiss is None or self._faiss[0] != meta:  # first search, or the index was rebuilt
@@ -198,7 +201,6 @@ class MaxSimScorer(pt.Transformer):
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Replaces ``score`` and ``rank`` with MaxSim's, per query."""
-        import torch
         pt.validate.result_frame(inp, extra_columns=['query_embs'])
         meta, vectors, offsets, docnos = self.index.payload()
         if len(inp) == 0:
@@ -229,7 +231,6 @@ class MaxSimScorer(pt.Transformer):
 
 def score_documents(query, docids: np.ndarray, vectors, offsets: np.ndarray, aggregate: str) -> np.ndarray:
     """Exact MaxSim of one query (a ``(Q, d)`` tensor) against the given documents of an index's vectors."""
-    import torch
     lengths = offsets[docids + 1] - offsets[docids]
     rows = np.repeat(offsets[docids] - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
     doc_vectors = torch.from_numpy(np.asarray(vectors[rows], dtype=np.float32)).to(query.device)

@@ -5,6 +5,7 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
+from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import build_once
 
 
@@ -31,7 +32,8 @@ class MeanRetriever(pt.Transformer):
 
     def flex_index(self):
         """The FlexIndex of document means, built the first time it is needed."""
-        from pyterrier_dr import FlexIndex
+        with requires('dense'):
+            from pyterrier_dr import FlexIndex
         path = self.index.path / ('mean-normalised.flex' if self.normalise else 'mean.flex')
         build_once(path, lambda tmp: FlexIndex(tmp, verbose=self.verbose).index(self._document_means()))
         return FlexIndex(str(path), verbose=self.verbose)

@@ -6,10 +6,13 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import numpy as np
-import torch
-from torch import nn
 
+from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building
+
+with requires('dense'):
+    import torch
+    from torch import nn
 
 CONFIG_NAME = 'jpr_config.json'
 DECODER_WEIGHTS = 'decoder.pt'
@@ -31,7 +34,8 @@ class PassageEncoder(nn.Module):
 
     def __init__(self, path: str, *, max_length: int = 256, freeze: bool = True, batch_size: int = 32):
         super().__init__()
-        from transformers import AutoConfig, AutoModel, AutoTokenizer, T5EncoderModel
+        with requires('dense'):
+            from transformers import AutoConfig, AutoModel, AutoTokenizer, T5EncoderModel
         config = AutoConfig.from_pretrained(path)
         encoder_class = T5EncoderModel if config.model_type in ('t5', 'mt5', 'umt5') else AutoModel
         self.model = encoder_class.from_pretrained(path)

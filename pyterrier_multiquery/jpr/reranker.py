@@ -10,6 +10,7 @@ import pyterrier as pt
 if TYPE_CHECKING:
     from pyterrier_multiquery.jpr.model import JPRModel
 
+from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.jpr.decoding import Decoded, independent_decode, seq_decode, tree_decode
 
 DECODERS = ('tree', 'seq', 'independent')
@@ -97,7 +98,8 @@ class JPR(pt.Transformer):
             passages: The candidates in index order.
             ranks: Each candidate's first-stage rank from 0 (needed by a model with a prior).
         """
-        import torch
+        with requires('dense'):
+            import torch
         with torch.no_grad():
             memory = self.model.passages(question, list(passages)).unsqueeze(0)
             if ranks is not None:

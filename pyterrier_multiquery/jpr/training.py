@@ -5,11 +5,14 @@ from typing import AbstractSet, Dict, List, NamedTuple, Optional, Sequence, Tupl
 import numpy as np
 import pandas as pd
 import pyterrier as pt
-import torch
 
+from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.jpr.model import JPRModel, PassageEncoder
 from pyterrier_multiquery.jpr.oracle import greedy_answer_cover, gumbel_top_k
 from pyterrier_multiquery.jpr.reranker import index_order
+
+with requires('dense'):
+    import torch
 
 MODES = ('dynamic_oracle', 'teacher_forcing', 'independent')
 
@@ -155,7 +158,8 @@ class JPRTrainer:
         candidates' first-stage ranks (None for a model without a prior)."""
         return candidate_tensors(self.model, batch, subsets)
 
-    def targets(self, answers: Sequence[AbstractSet], prior: Optional[np.ndarray] = None) -> Tuple[List[int], List[List[int]]]:
+    def targets(self, answers: Sequence[AbstractSet],
+                prior: Optional[np.ndarray] = None) -> Tuple[List[int], List[List[int]]]:
         """The prefix and, for each of its steps and the one after, the target positions.
 
         Args:

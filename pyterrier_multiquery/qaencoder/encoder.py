@@ -124,7 +124,8 @@ class QAEncoder(pt.Transformer):
         queries = query_lists(inp['docno'], inp['querygen'])
         empty = [docno for docno, q in zip(inp['docno'], queries) if len(q) == 0]
         if empty:
-            raise ValueError(f'QAEncoder needs at least one generated query per document; none for docno(s) {empty[:5]}')
+            raise ValueError(f'QAEncoder needs at least one generated query per document; '
+                             f'none for docno(s) {empty[:5]}')
         if self.method == 'naive':
             rows = self.query_vectors(queries)
             if self.include_document:
@@ -198,7 +199,8 @@ def grid_search(encoder: pt.Transformer, documents: pd.DataFrame, topics: pd.Dat
         for alpha in ([None] if method == 'txt' else alphas):
             doc_vectors = fingerprint if alpha is None else interpolate(means, fingerprint, alpha)
             run = _dense_run(topics['qid'], query_vectors, documents['docno'], doc_vectors, num_results)
-            rows.append({'alpha': alpha, 'beta': beta, str(measure): ir_measures.calc_aggregate([measure], qrels, run)[measure]})
+            value = ir_measures.calc_aggregate([measure], qrels, run)[measure]
+            rows.append({'alpha': alpha, 'beta': beta, str(measure): value})
     return pd.DataFrame(rows).sort_values(str(measure), ascending=False, kind='stable').reset_index(drop=True)
 
 
