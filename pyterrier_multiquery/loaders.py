@@ -21,6 +21,7 @@ class LocalDataset(pt.datasets.Dataset):
     """Base class of the local loaders: topics and qrels per variant, corpus as a stream of dicts."""
     name = 'local'
     default_variant: Optional[str] = None
+    files: Dict[str, Path] = {}  # the files a loader with file-name arguments reads, by role
 
     def __init__(self, path: PathLike):
         """
@@ -76,6 +77,16 @@ class LocalDataset(pt.datasets.Dataset):
     def get_topics_lang(self) -> str:
         return 'en'
 
+    def _key(self):
+        """What identifies the collection: the loader and the files it reads."""
+        return (type(self), str(self.path), *map(str, self.files.values()))
+
+    def __eq__(self, other):
+        return isinstance(other, LocalDataset) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
     def __repr__(self):
         return f'{type(self).__name__}({str(self.path)!r})'
 
@@ -108,6 +119,15 @@ class CorpusTextLoader(pt.Transformer):
         if missing.any():
             raise KeyError(f'docno(s) not in {self.dataset!r}: {inp.loc[missing, "docno"].unique()[:5].tolist()}')
         return inp.drop(columns=[f for f in fields if f in inp.columns]).join(corpus[fields], on='docno')
+
+    def _key(self):
+        return self.dataset, self.fields if isinstance(self.fields, str) else tuple(self.fields)
+
+    def __eq__(self, other):
+        return isinstance(other, CorpusTextLoader) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash((CorpusTextLoader, self._key()))
 
     def __repr__(self):
         return f'CorpusTextLoader({self.dataset!r}, {self.fields!r})'

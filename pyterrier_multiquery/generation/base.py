@@ -5,7 +5,7 @@ import os
 import sqlite3
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Dict, List, Sequence, Union
+from typing import Dict, List, Sequence, Tuple, Union
 
 Messages = List[Dict[str, str]]
 Prompt = Union[str, Messages]
@@ -44,6 +44,16 @@ class TextGenerator(ABC):
     def cached(self, path: Union[str, Path]) -> 'CachedGenerator':
         """This generator behind a persistent cache at ``path`` (an SQLite file)."""
         return CachedGenerator(self, path)
+
+    def _key(self) -> Tuple:
+        """What decides the texts generated: the backend, the model and the settings."""
+        return type(self), self.model_id, json.dumps(self.settings(), sort_keys=True)
+
+    def __eq__(self, other):
+        return isinstance(other, TextGenerator) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
 
 
 class CachedGenerator(TextGenerator):
@@ -89,6 +99,9 @@ class CachedGenerator(TextGenerator):
                 db.executemany('INSERT OR REPLACE INTO generations VALUES (?, ?)', zip(missing, texts))
             found.update(zip(missing, texts))
         return [found[k] for k in keys]
+
+    def _key(self) -> Tuple:
+        return CachedGenerator, self.generator._key(), os.fspath(self.path)
 
     def __repr__(self):
         return f'{self.generator!r}.cached({os.fspath(self.path)!r})'

@@ -66,6 +66,15 @@ class QueryGenerator(pt.Transformer):
     def __repr__(self):
         return f'QueryGenerator({self.generator.model_id!r}, {self.prompt!r}, num_queries={self.num_queries})'
 
+    def _key(self):
+        return self.generator, self.template, self.num_queries, self.text_field, self.max_text_chars
+
+    def __eq__(self, other):
+        return isinstance(other, QueryGenerator) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash((QueryGenerator, self._key()))
+
     def prompts(self, texts: List[str]) -> List[str]:
         """The prompts sent for these document texts."""
         return [self.template.format(text=text[:self.max_text_chars], num_queries=self.num_queries) for text in texts]
@@ -98,7 +107,16 @@ class KeywordExpansion(pt.Transformer):
         self.max_keywords = max_keywords
 
     def __repr__(self):
-        return f'KeywordExpansion({self.generator.model_id!r})'
+        return f'KeywordExpansion({self.generator.model_id!r}, max_keywords={self.max_keywords})'
+
+    def _key(self):
+        return self.generator, self.prompt, self.max_keywords
+
+    def __eq__(self, other):
+        return isinstance(other, KeywordExpansion) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash((KeywordExpansion, self._key()))
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pta.validate.query_frame(inp, extra_columns=['query'])

@@ -171,7 +171,7 @@ class MaxSimRetriever(pt.Transformer):
 
     def __repr__(self):
         mode = 'exact=True' if self.exact else f'exact=False, ann={self.ann!r}, candidates={self.candidates}'
-        return f'{self.index!r}.maxsim_retriever(num_results={self.num_results}, {mode})'
+        return f'{self.index!r}.maxsim_retriever(num_results={self.num_results}, aggregate={self.aggregate!r}, {mode})'
 
 
 class MaxSimScorer(pt.Transformer):
@@ -204,7 +204,7 @@ class MaxSimScorer(pt.Transformer):
         pt.validate.result_frame(inp, extra_columns=['query_embs'])
         meta, vectors, offsets, docnos = self.index.payload()
         if len(inp) == 0:
-            return inp.assign(score=pd.Series(dtype=float), rank=pd.Series(dtype=int))
+            return pt.model.add_ranks(inp.assign(score=pd.Series(dtype=float)))
         docids = lookup_docids(docnos, inp['docno'])
         scores = np.empty(len(inp), dtype=np.float32)
         groups = inp.groupby('qid', sort=False).indices.items()

@@ -54,8 +54,11 @@ class MeanRetriever(pt.Transformer):
         check_unique_qids(inp)
         dim = self.index.payload()[0]['dim']
         query_vecs = [self._pool(query_embs(embs, dim, qid)) for qid, embs in zip(inp['qid'], inp['query_embs'])]
-        retriever = self.flex_index().np_retriever(num_results=self.num_results, drop_query_vec=True)
-        return retriever(inp.assign(query_vec=query_vecs))
+        # two at least: with one result per query, pyterrier_dr's retriever fills each cell with a one-element array
+        # (pyterrier-alpha's DataFrameBuilder takes length-1 columns for one row's values)
+        retriever = self.flex_index().np_retriever(num_results=max(self.num_results, 2), drop_query_vec=True)
+        out = retriever(inp.assign(query_vec=query_vecs))
+        return out[out['rank'] < self.num_results].reset_index(drop=True)
 
     def fuse_rank_cutoff(self, k: int) -> Optional['MeanRetriever']:
         """``retriever % k`` with ``k`` below ``num_results`` becomes a retriever of ``k`` results."""

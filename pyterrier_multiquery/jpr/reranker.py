@@ -71,7 +71,7 @@ class JPR(pt.Transformer):
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Reranks each query's top ``num_candidates`` passages into the ``k`` chosen ones."""
-        pt.validate.result_frame(inp, extra_columns=['query', 'text'])
+        pt.validate.result_frame(inp, extra_columns=['query', 'text', 'score'])
         full = inp.sort_values(['qid', 'score'], ascending=[True, False], kind='stable')
         inp = full.groupby('qid', sort=False).head(self.num_candidates)
         rest = dict(iter(full.groupby('qid', sort=False))) if self.append_rest else {}
@@ -115,11 +115,12 @@ class JPR(pt.Transformer):
                 return seq_decode(log_probs, self.k)
             return independent_decode(log_probs, self.k)
 
-    def fuse_rank_cutoff(self, k: int) -> 'JPR':
-        """``self % k``: the first ``k`` selections are the same whatever ``k`` the decoder runs to."""
+    def fuse_rank_cutoff(self, k: int) -> Optional['JPR']:
+        """``self % k``: the first ``k`` selections are the same whatever ``k`` the decoder runs to. With
+        ``append_rest``, a cutoff at or past ``k`` cuts the appended passages and stays a cutoff (None)."""
         if k >= self.k:
-            return self
-        return self.__class__(**{**self._arguments(), 'k': k})
+            return None if self.append_rest else self
+        return self.__class__(**{**self._arguments(), 'k': k, 'append_rest': False})
 
     def _arguments(self):
         arguments = {'model': self.model, 'k': self.k, 'num_candidates': self.num_candidates, 'beta': self.beta,
@@ -137,8 +138,10 @@ class JPR(pt.Transformer):
         return hash((type(self), self._key()))
 
     def __repr__(self):
-        return (f'{type(self).__name__}(k={self.k!r}, num_candidates={self.num_candidates!r}, '
-                f'decode={self.decode!r}, beta={self.beta!r})')
+        decode = '' if isinstance(self, IndepPR) else f', decode={self.decode!r}'
+        rest = ', append_rest=True' if self.append_rest else ''
+        return (f'{type(self).__name__}(k={self.k!r}, num_candidates={self.num_candidates!r}{decode}, '
+                f'beta={self.beta!r}, seed={self.seed!r}{rest})')
 
 
 class IndepPR(JPR):
