@@ -1,23 +1,57 @@
-"""Evaluation on top of pt.Experiment and ir_measures: checked experiment tables, per-query frames, cross-validation folds, paired tests over subsets, reports.
+"""Evaluation on top of pt.Experiment and ir_measures: checked experiment tables, per-query frames, cross-validation,
+paired tests over subsets, reports.
 
-An experiment runs its systems (per fold, if it cross-validates), concatenates each system's runs, and hands them
-to :func:`per_query` and :func:`compare`; :func:`write_report` writes the result as markdown and JSON.
+An experiment parses its arguments with :func:`experiment_parser`, runs its systems (:func:`cross_validate` pools
+the test folds' runs), hands the runs to :func:`per_query` and :func:`compare` (or the systems to
+:func:`run_experiment`), and :func:`write_report` writes the result as markdown and JSON (and CSV and a figure).
 """
+import argparse
 import json
+import os
+import time
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
 import pyterrier as pt
 from ir_measures import alpha_nDCG, nDCG
 
-from pyterrier_multiquery.analysis import paired_bootstrap
+from pyterrier_multiquery._extras import requires
+from pyterrier_multiquery.analysis import low_similarity_subset, paired_bootstrap, target_distances
 from pyterrier_multiquery.measures import AnswerRecall, MRecall
 
 #: The measures of the main job's table and of :func:`run_experiment` by default.
 DEFAULT_MEASURES = [MRecall@5, MRecall@10, MRecall@100, AnswerRecall@10, alpha_nDCG@10, nDCG@10]
 
+
+def experiment_parser(description: str, out: Optional[os.PathLike], *, data: bool = True,
+                      cache: bool = True) -> argparse.ArgumentParser:
+    """An argument parser with the options experiments share.
+
+    ``--seed``; with ``out``, ``--out`` (the report's path without extension; default ``out``); with ``data``,
+    ``--data-root`` (the folder holding the collections; default ``$PYTERRIER_MULTIQUERY_DATA`` or
+    ``../shared/data``, as on the command line); with ``cache``, ``--cache-dir`` (indexes and trained models).
+
+    Args:
+        description: The experiment's docstring (shown by ``--help``).
+        out: Where the report goes by default (None: the experiment writes no report).
+        data: Whether the experiment reads collections.
+        cache: Whether it keeps indexes or models between runs.
+    """
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if data:
+        parser.add_argument('--data-root', type=Path,
+                            default=Path(os.environ.get('PYTERRIER_MULTIQUERY_DATA', '../shared/data')),
+                            help='folder holding the collections (default: $PYTERRIER_MULTIQUERY_DATA or %(default)s)')
+    if cache:
+        parser.add_argument('--cache-dir', type=Path, default=Path.home() / '.cache' / 'pyterrier_multiquery',
+                            help='indexes and trained models are kept here (default: %(default)s)')
+    if out is not None:
+        parser.add_argument('--out', type=Path, default=Path(out),
+                            help='report path without extension (default: %(default)s)')
+    parser.add_argument('--seed', type=int, default=0)
+    return parser
 
 
 def validate_topics_qrels(topics: pd.DataFrame, qrels: pd.DataFrame) -> None:
@@ -48,10 +82,13 @@ def run_experiment(systems: Dict[str, pt.Transformer], topics: pd.DataFrame, qre
     return table
 
 
+def ir_measures_qrels(qrels: pd.DataFrame) -> pd.DataFrame:
+    """PyTerrier qrels (``qid``, ``docno``, ``label``) with ir_measures' column names."""
+    return qrels.rename(columns={'qid': 'query_id', 'docno': 'doc_id', 'label': 'relevance'})
+
+
 def _ir_measures_frames(run: pd.DataFrame, qrels: pd.DataFrame) -> Tuple[pd.DataFrame, pd.DataFrame]:
-    qrels = qrels.rename(columns={'qid': 'query_id', 'docno': 'doc_id', 'label': 'relevance'})
-    run = run.rename(columns={'qid': 'query_id', 'docno': 'doc_id'})
-    return run, qrels
+    return run.rename(columns={'qid': 'query_id', 'docno': 'doc_id'}), ir_measures_qrels(qrels)
 
 
 def per_query(runs: Mapping[str, pd.DataFrame], qrels: pd.DataFrame, measures: Sequence) -> pd.DataFrame:
@@ -122,18 +159,35 @@ def answer_counts(qrels: pd.DataFrame) -> pd.Series:
     return answer_ids(relevant).groupby(relevant['qid']).nunique().rename('answers')
 
 
+def answer_subsets(qrels: pd.DataFrame, doc_vectors) -> Dict[str, pd.Index]:
+    """The multi-answer subsets the AMER paper reports: questions with more than one answer, and the low-similarity
+    third (the third whose target passages lie furthest apart,
+    :func:`~pyterrier_multiquery.analysis.low_similarity_subset`).
+
+    Args:
+        qrels: Multi-answer qrels.
+        doc_vectors: The target passages' vectors (a docno mapping or lookup, as
+            :func:`~pyterrier_multiquery.analysis.target_distances` takes).
+    """
+    counts = answer_counts(qrels)
+    return {'>1 answer': counts.index[counts > 1],
+            'low-similarity third': low_similarity_subset(target_distances(qrels, doc_vectors))}
+
+
 def _answer_strata(counts: pd.Series, members: int) -> np.ndarray:
     """Answer counts as strata of at least ``members`` questions: rarer, larger counts join the largest such one."""
     frequent = counts.value_counts()
     return counts.clip(upper=frequent[frequent >= members].index.max()).to_numpy()
 
 
-def cross_validation_folds(qrels: pd.DataFrame, folds: int = 5, *, seed: int = 0) -> Iterator[Tuple[List[str], List[str]]]:
+def cross_validation_folds(qrels: pd.DataFrame, folds: int = 5, *,
+                           seed: int = 0) -> Iterator[Tuple[List[str], List[str]]]:
     """``(train_qids, test_qids)`` of each fold, split by question and stratified by the number of answers.
 
     Only queries with a relevant passage take part.
     """
-    from sklearn.model_selection import StratifiedKFold
+    with requires('experiments'):
+        from sklearn.model_selection import StratifiedKFold
     counts = answer_counts(qrels)
     qids = counts.index.astype(str).tolist()
     strata = _answer_strata(counts, folds)
@@ -141,13 +195,54 @@ def cross_validation_folds(qrels: pd.DataFrame, folds: int = 5, *, seed: int = 0
         yield [qids[i] for i in train], [qids[i] for i in test]
 
 
-def split_by_question(qrels: pd.DataFrame, train_fraction: float = 0.6, *, seed: int = 0) -> Tuple[List[str], List[str]]:
+class CrossValidation(NamedTuple):
+    """Each system's test-fold runs pooled, and the seconds it took to produce them (all folds)."""
+    runs: Dict[str, pd.DataFrame]
+    seconds: Dict[str, float]
+
+
+def cross_validate(topics: pd.DataFrame, qrels: pd.DataFrame,
+                   fold_systems: Callable[[int, pd.DataFrame, pd.DataFrame], Mapping[str, pt.Transformer]], *,
+                   folds: int = 5, seed: int = 0, verbose: bool = True) -> CrossValidation:
+    """Runs the systems built on each fold's training questions on that fold's test questions, and pools the runs.
+
+    Folds come from :func:`cross_validation_folds`: split by question, stratified by the number of answers.
+
+    Args:
+        topics: Every question (``qid``, ``query``).
+        qrels: Multi-answer qrels.
+        fold_systems: ``fold_systems(fold, train_topics, train_qrels)`` returns the fold's systems by name, trained
+            or tuned on the training part only.
+        folds: Number of folds.
+        seed: Seed of the split.
+        verbose: Whether to show progress over the folds.
+    """
+    validate_topics_qrels(topics, qrels)
+    runs, seconds = {}, {}
+    splits = list(cross_validation_folds(qrels, folds, seed=seed))
+    for fold, (train_qids, test_qids) in enumerate(pt.tqdm(splits, desc='folds', unit='fold', disable=not verbose)):
+        fold_runs = fold_systems(fold, _select(topics, train_qids), _select(qrels, train_qids))
+        for name, system in fold_runs.items():
+            start = time.perf_counter()
+            runs.setdefault(name, []).append(system(_select(topics, test_qids)))
+            seconds[name] = seconds.get(name, 0.) + time.perf_counter() - start
+    return CrossValidation({name: pd.concat(frames, ignore_index=True) for name, frames in runs.items()}, seconds)
+
+
+def _select(frame: pd.DataFrame, qids: Iterable[str]) -> pd.DataFrame:
+    """The rows of ``frame`` whose ``qid`` is in ``qids``."""
+    return frame[frame['qid'].isin(set(qids))].reset_index(drop=True)
+
+
+def split_by_question(qrels: pd.DataFrame, train_fraction: float = 0.6, *,
+                      seed: int = 0) -> Tuple[List[str], List[str]]:
     """``(train_qids, test_qids)``: a fixed split by question, stratified by the number of answers.
 
     Only queries with a relevant passage take part. The main job splits RAMDocs and MuSiQue this way (60 % of the
     questions for training, seed 0).
     """
-    from sklearn.model_selection import train_test_split
+    with requires('experiments'):
+        from sklearn.model_selection import train_test_split
     counts = answer_counts(qrels)
     train, test = train_test_split(counts.index.astype(str).tolist(), train_size=train_fraction, random_state=seed,
                                    stratify=_answer_strata(counts, 2))
@@ -174,20 +269,43 @@ def dataset_split(dataset, variant: Optional[str] = None, *, train_fraction: flo
     if isinstance(dataset, (RamDocsDataset, MusiqueDataset)):
         topics, qrels = dataset.get_topics(), dataset.get_qrels()
         train, test = split_by_question(qrels, train_fraction, seed=seed)
-        pick = lambda frame, qids: frame[frame['qid'].isin(set(qids))].reset_index(drop=True)  # noqa: E731
-        return Split(pick(topics, train), pick(qrels, train), pick(topics, test), pick(qrels, test),
+        return Split(_select(topics, train), _select(qrels, train), _select(topics, test), _select(qrels, test),
                      f'fixed split by question: {len(train)} training / {len(test)} test questions '
                      f'({train_fraction:.0%} for training, stratified by number of answers, seed {seed})')
     topics, qrels = dataset.get_topics(variant), dataset.get_qrels(variant)
     if isinstance(dataset, BeirDataset) and (dataset.path / 'qrels' / 'train.tsv').exists() and variant != 'train':
         train_topics, train_qrels = dataset.get_topics('train'), dataset.get_qrels('train')
         return Split(train_topics, train_qrels, topics, qrels,
-                     f'BEIR splits: {len(train_topics)} train / {len(topics)} {variant or dataset.default_variant} queries')
+                     f'BEIR splits: {len(train_topics)} train / {len(topics)} '
+                     f'{variant or dataset.default_variant} queries')
     return Split(None, None, topics, qrels, f'no training split: all {len(topics)} queries are test queries')
 
 
+def judged_sample(topics: pd.DataFrame, qrels: pd.DataFrame, size: int, *,
+                  seed: int = 0) -> Tuple[pd.DataFrame, pd.DataFrame]:
+    """A fixed random sample of ``size`` queries that have judgements, in sample order, and their qrels."""
+    sample = topics[topics['qid'].isin(set(qrels['qid']))].sample(size, random_state=seed)
+    return sample, qrels[qrels['qid'].isin(set(sample['qid']))]
+
+
+def document_sample(documents: pd.DataFrame, size: int, *, seed: int = 0) -> pd.DataFrame:
+    """A fixed random sample of ``size`` documents, in docno order."""
+    return documents.sample(size, random_state=seed).sort_values('docno').reset_index(drop=True)
+
+
+def corpus_subset(documents: pd.DataFrame, qrels: pd.DataFrame, size: int, *, seed: int = 0) -> pd.DataFrame:
+    """Every document judged in ``qrels`` plus random others, ``size`` in all (or just the judged ones), by docno.
+
+    Searching such a subset instead of the whole corpus keeps an experiment within a CPU's budget; it is easier than
+    the whole corpus (fewer distractors), so its figures compare systems with each other, not with published ones.
+    """
+    judged = documents['docno'].isin(set(qrels['docno']))
+    others = documents[~judged].sample(max(0, size - int(judged.sum())), random_state=seed)
+    return pd.concat([documents[judged], others]).sort_values('docno').reset_index(drop=True)
+
+
 def write_report(path: Path, title: str, description: str, tables: Mapping[str, pd.DataFrame], *,
-                 extra: Optional[Dict] = None, figure=None) -> None:
+                 extra: Optional[Dict] = None, figure=None, csv: bool = False, floatfmt: str = '.4f') -> None:
     """Writes ``path`` with ``.md`` (title, description, one section a table) and ``.json`` (tables as records).
 
     Args:
@@ -197,18 +315,52 @@ def write_report(path: Path, title: str, description: str, tables: Mapping[str, 
         tables: Tables by section heading; the first table comes right after the description.
         extra: More JSON content (settings, timings, training curves).
         figure: A matplotlib figure, saved as ``.png`` beside the report.
+        csv: Whether the first table is also written as ``.csv`` (at full precision).
+        floatfmt: How the markdown tables format numbers.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [f'# {title}', '', description, '']
     for heading, table in tables.items():
-        lines += [f'## {heading}', '', table.to_markdown(index=False, floatfmt='.4f'), '']
+        lines += [f'## {heading}', '', table.to_markdown(index=False, floatfmt=floatfmt), '']
     path.with_suffix('.md').write_text('\n'.join(lines))
     content = {'title': title, 'description': description,
                'tables': {heading: table.to_dict('records') for heading, table in tables.items()}, **(extra or {})}
     path.with_suffix('.json').write_text(json.dumps(content, indent=2, default=_json_default))
+    if csv:
+        next(iter(tables.values())).to_csv(path.with_suffix('.csv'), index=False)
     if figure is not None:
         figure.savefig(path.with_suffix('.png'), dpi=120, bbox_inches='tight')
+
+
+def line_figure(frame: pd.DataFrame, x: str, y: str, *, line, panel: Optional[str] = None,
+                ylabel: Optional[str] = None, size: Tuple[float, float] = (4.5, 3.2)):
+    """A matplotlib figure of ``y`` against ``x``: one line per value of ``line``, one panel per value of ``panel``.
+
+    Args:
+        frame: Long-format data.
+        x: Column on the x axis.
+        y: Column on the y axis.
+        line: Column (or list of columns) whose values are the lines.
+        panel: Column whose values are the panels, side by side (one panel when None).
+        ylabel: The y axis label (default ``y``).
+        size: Width and height of one panel, in inches.
+    """
+    with requires('experiments'):
+        import matplotlib.pyplot as plt
+    panels = list(dict.fromkeys(frame[panel])) if panel else [None]
+    fig, axes = plt.subplots(1, len(panels), figsize=(size[0] * len(panels), size[1]), squeeze=False)
+    for ax, name in zip(axes[0], panels):
+        part = frame if panel is None else frame[frame[panel] == name]
+        for label, group in part.groupby(line, sort=False):
+            ax.plot(group[x], group[y], marker='.',
+                    label=', '.join(map(str, label)) if isinstance(label, tuple) else label)
+        ax.set_title('' if name is None else str(name), fontsize=10)
+        ax.set_xlabel(x)
+        ax.set_ylabel(ylabel or y)
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
 
 
 def _json_default(value):

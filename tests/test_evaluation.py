@@ -1,0 +1,116 @@
+"""The evaluation helper: the experiments' shared arguments, cross-validation, subsets, samples and the report."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+import pytest
+
+from pyterrier_multiquery.evaluation import (answer_subsets, corpus_subset, cross_validate, document_sample,
+                                             experiment_parser, ir_measures_qrels, judged_sample, line_figure,
+                                             write_report)
+
+
+def test_experiment_parser_defaults_and_options(monkeypatch):
+    monkeypatch.delenv('PYTERRIER_MULTIQUERY_DATA', raising=False)
+    args = experiment_parser('doc', 'results/x').parse_args([])
+    assert (args.data_root, args.out, args.seed) == (Path('../shared/data'), Path('results/x'), 0)
+    assert args.cache_dir == Path.home() / '.cache' / 'pyterrier_multiquery'
+    monkeypatch.setenv('PYTERRIER_MULTIQUERY_DATA', '/data/here')
+    assert experiment_parser('doc', 'x').parse_args([]).data_root == Path('/data/here')
+    bare = vars(experiment_parser('doc', None, data=False, cache=False).parse_args(['--seed', '3']))
+    assert bare == {'seed': 3}
+
+
+def _qrels():
+    # q1: answers 1 (a) and 2 (b); q2: answer 1 (c, d); q3: answers 1 (e) and 2 (f); q4: one answer
+    return pd.DataFrame({'qid': ['q1', 'q1', 'q2', 'q2', 'q3', 'q3', 'q4'],
+                         'docno': ['a', 'b', 'c', 'd', 'e', 'f', 'g'], 'label': 1,
+                         'iteration': ['1', '2', '1', '1', '1', '2', '1']})
+
+
+def test_answer_subsets():
+    vectors = {'a': [1., 0.], 'b': [0., 1.], 'c': [1., 0.], 'd': [1., .1], 'e': [1., 0.], 'f': [1., 1.], 'g': [1., 0.]}
+    subsets = answer_subsets(_qrels(), {d: np.array(v) for d, v in vectors.items()})
+    assert sorted(subsets['>1 answer']) == ['q1', 'q3']
+    # target distances: q1 1.0 (orthogonal), q3 0.29, q2 0.005; q4 has one target (no distance): the third is q1
+    assert list(subsets['low-similarity third']) == ['q1']
+
+
+class _Tagger(pt.Transformer):
+    """Returns one result per query, naming the training questions it was built with."""
+
+    def __init__(self, train_qids):
+        self.train_qids = ','.join(sorted(train_qids))
+
+    def transform(self, topics):
+        return topics.assign(docno=self.train_qids, score=1., rank=0)
+
+
+def test_cross_validate_pools_the_test_folds_and_trains_on_the_rest():
+    qrels = pd.DataFrame({'qid': [f'q{i}' for i in range(10)], 'docno': 'd', 'label': 1, 'iteration': '1'})
+    topics = pd.DataFrame({'qid': [f'q{i}' for i in range(10)] + ['unjudged'], 'query': 'text'})
+    calls = []
+
+    def fold_systems(fold, train_topics, train_qrels):
+        calls.append(fold)
+        assert list(train_topics['qid']) == list(train_qrels['qid'])
+        return {'tagger': _Tagger(train_topics['qid']), 'other': _Tagger([])}
+
+    runs, seconds = cross_validate(topics, qrels, fold_systems, folds=5, seed=0, verbose=False)
+    assert calls == [0, 1, 2, 3, 4] and set(seconds) == {'tagger', 'other'}
+    pooled = runs['tagger']
+    assert sorted(pooled['qid']) == sorted(qrels['qid'])   # each judged question once; the unjudged one never
+    for qid, trained_on in zip(pooled['qid'], pooled['docno']):
+        trained_on = trained_on.split(',')
+        assert qid not in trained_on and len(trained_on) == 8
+
+
+def test_samples_and_subsets():
+    topics = pd.DataFrame({'qid': list('abcdef'), 'query': 'text'})
+    qrels = pd.DataFrame({'qid': list('abcd'), 'docno': ['1', '2', '3', '3'], 'label': 1})
+    sample, sample_qrels = judged_sample(topics, qrels, 3, seed=1)
+    assert list(sample['qid']) == list(topics[topics['qid'].isin(list('abcd'))].sample(3, random_state=1)['qid'])
+    assert set(sample_qrels['qid']) == set(sample['qid'])
+    documents = pd.DataFrame({'docno': [str(i) for i in range(9, -1, -1)], 'text': 'x'})
+    subset = corpus_subset(documents, qrels, 5, seed=0)
+    assert {'1', '2', '3'} <= set(subset['docno']) and len(subset) == 5
+    assert list(subset['docno']) == sorted(subset['docno'])
+    assert len(corpus_subset(documents, qrels, 2)) == 3   # every judged document, whatever the size
+    sample = document_sample(documents, 4, seed=0)
+    assert list(sample['docno']) == sorted(documents.sample(4, random_state=0)['docno'])
+
+
+def test_ir_measures_qrels():
+    assert list(ir_measures_qrels(_qrels()).columns) == ['query_id', 'doc_id', 'relevance', 'iteration']
+
+
+def test_write_report(tmp_path):
+    table = pd.DataFrame({'system': ['a', 'b'], 'value': [0.123456, 1 / 3]})
+    figure = line_figure(pd.DataFrame({'x': [0, 1, 0, 1], 'y': [1., 2., 3., 4.], 'line': list('aabb')}), 'x', 'y',
+                         line='line')
+    write_report(tmp_path / 'out' / 'report', 'Title', 'What ran.', {'Main': table, 'Other': table.head(1)},
+                 extra={'settings': {'seed': np.int64(3)}}, figure=figure, csv=True, floatfmt='.2f')
+    md = (tmp_path / 'out' / 'report.md').read_text()
+    assert md.startswith('# Title\n\nWhat ran.\n\n## Main\n\n') and '## Other' in md
+    assert '0.12' in md and '0.123' not in md
+    content = json.loads((tmp_path / 'out' / 'report.json').read_text())
+    assert content['tables']['Main'][1] == {'system': 'b', 'value': 1 / 3} and content['settings'] == {'seed': 3}
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / 'out' / 'report.csv'), table)
+    assert (tmp_path / 'out' / 'report.png').stat().st_size > 0
+
+
+def test_line_figure_panels_and_lines():
+    frame = pd.DataFrame({'x': [0, 1] * 4, 'y': range(8), 'line': list('aabbaabb'), 'panel': ['p'] * 4 + ['q'] * 4})
+    fig = line_figure(frame, 'x', 'y', line='line', panel='panel')
+    assert [ax.get_title() for ax in fig.axes] == ['p', 'q']
+    assert [len(ax.lines) for ax in fig.axes] == [2, 2]
+    assert list(fig.axes[1].lines[1].get_ydata()) == [6, 7]
+
+
+@pytest.mark.parametrize('missing', ['qid', 'label'])
+def test_cross_validate_checks_qrels(missing):
+    qrels = pd.DataFrame({'qid': ['a'], 'docno': ['d'], 'label': [1]}).drop(columns=[missing])
+    with pytest.raises(ValueError, match=f"qrels is missing column\\(s\\) \\['{missing}'\\]"):
+        cross_validate(pd.DataFrame({'qid': ['a'], 'query': ['q']}), qrels, lambda *_: {}, verbose=False)
