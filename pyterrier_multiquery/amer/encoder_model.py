@@ -3,12 +3,14 @@ import json
 from pathlib import Path
 from typing import Optional, Union
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-
+from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building
 from pyterrier_multiquery.amer.model import AMER, CONFIG_NAME, PROJECTIONS, with_lora
+
+with requires('dense'):
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
 
 ENCODER_LORA_TARGETS = ('query', 'key', 'value', 'dense', 'q_proj', 'k_proj', 'v_proj', 'o_proj')
 ENCODER_TRAINING = ('none', 'lora', 'full')
@@ -83,7 +85,8 @@ class EncoderAMER(AMER):
             lora_alpha: LoRA scaling.
             lora_dropout: LoRA dropout.
         """
-        from transformers import AutoModel, AutoTokenizer
+        with requires('dense'):
+            from transformers import AutoModel, AutoTokenizer
         if train_encoder not in ENCODER_TRAINING:
             raise ValueError(f'train_encoder must be one of {ENCODER_TRAINING}, got {train_encoder!r}')
         path = Path(path)
@@ -146,7 +149,8 @@ class EncoderAMER(AMER):
     @classmethod
     def load(cls, path: Path, config: dict) -> 'EncoderAMER':
         """The model saved at ``path`` whose settings ``config`` were read from it."""
-        from transformers import AutoModel, AutoTokenizer
+        with requires('dense'):
+            from transformers import AutoModel, AutoTokenizer
         if cls is EncoderAMER and config['source'].get('residual') == 'linear':
             return LinearResidualAMER.load(path, config)
         encoder = AutoModel.from_pretrained(str(path / 'lm'), dtype=torch.float32)

@@ -4,11 +4,14 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
 
+from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building
+
+with requires('dense'):
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
 
 CONFIG_NAME = 'amer_config.json'
 PROJECTIONS = 'projections.pt'
@@ -17,7 +20,8 @@ LORA_TARGETS = ('q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 
 
 def with_lora(model, target_modules: Sequence[str], r: int, alpha: int, dropout: float, *, name: str):
     """``model`` with LoRA adapters (peft) on those of ``target_modules`` it has; a ValueError naming it if none."""
-    from peft import LoraConfig, get_peft_model
+    with requires('train'):
+        from peft import LoraConfig, get_peft_model
     names = {module.rsplit('.', 1)[-1] for module, _ in model.named_modules()}
     targets = [t for t in target_modules if t in names]
     if not targets:
@@ -71,7 +75,8 @@ class AMER(nn.Module):
             lora_dropout: LoRA dropout.
             gguf_file: A GGUF file inside ``backbone`` to load (transformers dequantises it).
         """
-        from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+        with requires('dense'):
+            from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
         if isinstance(backbone, PretrainedConfig):
             if lora:
                 raise ValueError('LoRA needs a pretrained backbone; use lora=False with a config')
@@ -185,7 +190,8 @@ class AMER(nn.Module):
     @classmethod
     def from_pretrained(cls, path: Union[str, Path]) -> 'AMER':
         """An AMER saved by :meth:`save_pretrained`."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        with requires('dense'):
+            from transformers import AutoModelForCausalLM, AutoTokenizer
         path = Path(path)
         if not (path / CONFIG_NAME).exists():
             raise FileNotFoundError(f'{path} is not a saved AMER model (no {CONFIG_NAME})')
@@ -195,7 +201,8 @@ class AMER(nn.Module):
             from pyterrier_multiquery.amer.encoder_model import EncoderAMER
             return EncoderAMER.load(path, config)
         if source.get('lora'):
-            from peft import PeftModel
+            with requires('train'):
+                from peft import PeftModel
             base = AutoModelForCausalLM.from_pretrained(source['path'], gguf_file=source.get('gguf_file'),
                                                         torch_dtype=torch.float32)
             lm = PeftModel.from_pretrained(base, path / 'lm')

@@ -4,10 +4,13 @@ from typing import Callable, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 import pyterrier as pt
-import torch
 
+from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.amer.model import AMER
 from pyterrier_multiquery.training.losses import matched_infonce
+
+with requires('dense'):
+    import torch
 
 
 class AMERTrainer:

@@ -4,6 +4,8 @@ from typing import Callable, Dict, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
+from pyterrier_multiquery._extras import requires
+
 #: The paper's grid of budgets for each side.
 BUDGETS = (1, 2, 4, 8, 16)
 
@@ -50,14 +52,16 @@ def oracle_budgets(grid: pd.DataFrame) -> pd.DataFrame:
 
 def token_entropy(logits) -> np.ndarray:
     """Mean over positions of the entropy (nats) of the softmax of ``(B, k, V)`` logits, per text."""
-    import torch
+    with requires('dense'):
+        import torch
     logp = torch.log_softmax(logits.float(), dim=-1)
     return (-(logp.exp() * logp).sum(-1)).mean(-1).cpu().numpy()
 
 
 def query_features(encoder, topics: pd.DataFrame) -> pd.DataFrame:
     """Query length (tokens) and mean token entropy at the query's mask positions, by qid."""
-    import torch
+    with requires('dense'):
+        import torch
     rows = []
     tok = encoder.backbone.tokenizer
     with torch.no_grad():

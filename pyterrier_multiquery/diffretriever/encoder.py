@@ -3,6 +3,7 @@ import json
 from pathlib import Path
 from typing import List, Optional
 
+from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building
 from pyterrier_multiquery.diffretriever.prompts import layout
 from pyterrier_multiquery.diffretriever.sparse import content_token_ids, sparse_weights, to_toks
@@ -30,7 +31,8 @@ class MaskedBackbone:
         """Loads ``AutoModelForMaskedLM`` when the checkpoint has an LM head (its ``architectures`` name one), else
         ``AutoModel`` with a tied head; remote-code diffusion LMs (LLaDA, Dream) load through ``AutoModel``, which
         returns their logits."""
-        from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer
+        with requires('dense'):
+            from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         if head is None:
@@ -53,7 +55,8 @@ def mask_representations(tokenizer, hidden, logits, content: List[List[int]]) ->
     """The representations read at the mask (or generated) positions of a batch: ``(B, k, d)`` hidden states as
     L2-normalised float32 ``(k, d)`` arrays, ``(B, k, V)`` logits as ``max_k log(1 + ReLU)`` weights over each
     text's ``content`` token ids."""
-    import torch
+    with requires('dense'):
+        import torch
     hidden = torch.nn.functional.normalize(hidden.float(), dim=-1).cpu().numpy()
     weights = sparse_weights(logits.float()).cpu().numpy()
     return Encoded(list(hidden), [to_toks(tokenizer, w, allowed) for w, allowed in zip(weights, content)])
@@ -129,7 +132,8 @@ class DiffRetriever(MultiVectorEncoder):
 
     def batch(self, texts: List[str], k: int, side: str):
         """Input tensors for ``texts``: ``(input_ids, attention_mask, mask_positions (B, k), content ids per text)``."""
-        import torch
+        with requires('dense'):
+            import torch
         tok = self.backbone.tokenizer
         rows, positions, content = [], [], []
         for text in texts:
@@ -150,7 +154,8 @@ class DiffRetriever(MultiVectorEncoder):
 
     def represent(self, input_ids, attention_mask, positions):
         """Hidden states ``(B, k, d)`` and logits ``(B, k, V)`` at the mask positions, after ``steps`` passes."""
-        import torch
+        with requires('dense'):
+            import torch
         input_ids = input_ids.clone()
         rows = torch.arange(len(input_ids), device=input_ids.device)[:, None]
         k = positions.shape[1]

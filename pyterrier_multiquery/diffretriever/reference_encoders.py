@@ -2,6 +2,7 @@
 PromptReps (the same prompt on an autoregressive LM, N tokens generated one at a time)."""
 from typing import List, Optional
 
+from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.diffretriever.encoder import MaskedBackbone, mask_representations
 from pyterrier_multiquery.diffretriever.prompts import prompt_ids
 from pyterrier_multiquery.diffretriever.sparse import content_token_ids
@@ -38,7 +39,8 @@ class DiffEmbed(MultiVectorEncoder):
 
     def pooled(self, texts: List[str]):
         """``(B, d)`` normalised mean-pooled hidden states, with gradients when enabled."""
-        import torch
+        with requires('dense'):
+            import torch
         batch = self.backbone.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
                                         return_tensors='pt').to(self.device)
         hidden, _ = self.backbone.forward(batch['input_ids'], batch['attention_mask'])
@@ -89,14 +91,16 @@ class PromptReps(MultiVectorEncoder):
 
     @classmethod
     def from_pretrained(cls, path: str, *, gguf_file: Optional[str] = None, **kwargs) -> 'PromptReps':
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        with requires('dense'):
+            from transformers import AutoModelForCausalLM, AutoTokenizer
         extra = {'gguf_file': gguf_file} if gguf_file else {}
         return cls(AutoModelForCausalLM.from_pretrained(path, **extra), AutoTokenizer.from_pretrained(path, **extra),
                    **kwargs)
 
     def generate(self, text: str, n: int, side: str):
         """``(hidden (n, d), logits (n, V), content ids)`` for one text, ``n`` sequential forward steps."""
-        import torch
+        with requires('dense'):
+            import torch
         text_ids = self.tokenizer(text, add_special_tokens=False, truncation=True,
                                   max_length=self.max_length)['input_ids']
         ids = torch.tensor([prompt_ids(self.tokenizer, text_ids, n, side)], device=self.device)
@@ -116,6 +120,7 @@ class PromptReps(MultiVectorEncoder):
         return self._encode_batch(texts, self.n_doc, 'doc')
 
     def _encode_batch(self, texts: List[str], n: int, side: str) -> Encoded:
-        import torch
+        with requires('dense'):
+            import torch
         hidden, logits, content = zip(*(self.generate(text, n, side) for text in texts))
         return mask_representations(self.tokenizer, torch.stack(hidden), torch.stack(logits), list(content))

@@ -4,10 +4,13 @@ from typing import Dict, List
 
 import numpy as np
 
+from pyterrier_multiquery._extras import requires
+
 
 def sparse_weights(logits):
     """``max_positions log(1 + ReLU(logits))``: ``(..., K, V)`` logits to ``(..., V)`` weights (torch)."""
-    import torch
+    with requires('dense'):
+        import torch
     return torch.log1p(torch.relu(logits)).amax(dim=-2)
 
 
@@ -15,7 +18,8 @@ def content_token_ids(tokenizer, ids: List[int]) -> List[int]:
     """The distinct ids among ``ids`` that are content words: whole-word tokens (no ``##`` continuation, and for
     tokenizers marking word starts with ``Ġ``/``▁``, only those), alphabetic, longer than one character and not
     English stopwords (scikit-learn's list, as :func:`pyterrier_multiquery.cdp.content_words`)."""
-    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+    with requires('dense'):
+        from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
     marks_starts = _marks_word_starts(tokenizer)
     keep = []
     for tid, tok in zip(ids, tokenizer.convert_ids_to_tokens(list(ids))):

@@ -5,6 +5,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import pyterrier as pt
 
+from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.training.losses import in_batch_infonce
 
 #: The paper's LoRA settings: rank 16, alpha 64, on every linear projection of the attention and MLP blocks.
@@ -13,7 +14,8 @@ LORA_R, LORA_ALPHA = 16, 64
 
 def add_lora(backbone, *, r: int = LORA_R, alpha: int = LORA_ALPHA, dropout: float = 0.05) -> None:
     """Wraps the backbone's model with peft LoRA adapters (all linear layers of the transformer blocks)."""
-    from peft import LoraConfig, get_peft_model
+    with requires('train'):
+        from peft import LoraConfig, get_peft_model
     backbone.model = get_peft_model(backbone.model, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
                                                                target_modules='all-linear'))
 
@@ -21,7 +23,8 @@ def add_lora(backbone, *, r: int = LORA_R, alpha: int = LORA_ALPHA, dropout: flo
 def dense_scores(queries, docs, mode: str):
     """``(Q, D)`` scores of normalised ``(Q, k, d)`` query and ``(D, k', d)`` document vectors: ``maxsim``
     (mean over query vectors of the max over document vectors) or ``mean`` (cosine of the mean vectors)."""
-    import torch
+    with requires('dense'):
+        import torch
     if mode == 'maxsim':
         return torch.einsum('qid,pjd->qpij', queries, docs).amax(-1).mean(-1)
     if mode == 'mean':
@@ -32,7 +35,8 @@ def dense_scores(queries, docs, mode: str):
 
 def _sparse(logits, content: List[List[int]]):
     """Sparse weights restricted to each text's content-word ids, ``(B, V)``."""
-    import torch
+    with requires('dense'):
+        import torch
     from pyterrier_multiquery.diffretriever.sparse import sparse_weights
     weights = sparse_weights(logits)
     keep = torch.zeros_like(weights)
@@ -65,7 +69,8 @@ def contrastive_loss(encoder, triples: Sequence[Tuple[str, str, str]], *, mode: 
 
 
 def _forward(encoder, texts, k, side):
-    import torch
+    with requires('dense'):
+        import torch
     input_ids, attention, positions, content = encoder.batch(texts, k, side)
     hidden, logits = encoder.represent(input_ids, attention, positions)
     return torch.nn.functional.normalize(hidden, dim=-1), logits, content
@@ -79,7 +84,8 @@ def contrastive_train(encoder, triples: Sequence[Tuple[str, str, str]], *, mode:
     ``lora=True`` adds the paper's LoRA adapters through peft (r 16, alpha 64); ``lora=False`` trains every weight
     (full fine-tuning, for small backbones). Save with ``encoder.save_pretrained`` (adapters merged).
     """
-    import torch
+    with requires('dense'):
+        import torch
     if not triples:
         raise ValueError('contrastive_train needs at least one (query, positive, negative) triple')
     if lora:

@@ -1,6 +1,8 @@
 """Contrastive losses shared by the methods' trainers (AMER's matched InfoNCE, DiffRetriever's in-batch InfoNCE)."""
 from typing import TYPE_CHECKING, Tuple
 
+from pyterrier_multiquery._extras import requires
+
 if TYPE_CHECKING:
     import torch
 
@@ -23,8 +25,9 @@ def matched_infonce(predictions, candidates, gold, temperature: float = 0.05) ->
     Returns:
         ``(loss, assignment)``: the scalar loss and a ``(min(T, m), 2)`` tensor of matched (prediction, gold index) pairs.
     """
-    import torch
-    import torch.nn.functional as F
+    with requires('dense'):
+        import torch
+        import torch.nn.functional as F
     from scipy.optimize import linear_sum_assignment
     if predictions.ndim != 2 or candidates.ndim != 2 or predictions.shape[1] != candidates.shape[1]:
         raise ValueError(f'predictions (T, d) and candidates (K, d) must share d; got {tuple(predictions.shape)} '
@@ -45,8 +48,9 @@ def in_batch_infonce(scores, temperature: float) -> 'torch.Tensor':
         scores: ``(B, C)`` similarities, ``C >= B`` (the batch's positives first, then any further negatives).
         temperature: Softmax temperature.
     """
-    import torch
-    import torch.nn.functional as F
+    with requires('dense'):
+        import torch
+        import torch.nn.functional as F
     if scores.ndim != 2 or scores.shape[1] < scores.shape[0]:
         raise ValueError(f'scores must be (B, C) with C >= B, got {tuple(scores.shape)}')
     return F.cross_entropy(scores / temperature, torch.arange(len(scores), device=scores.device))
