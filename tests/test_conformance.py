@@ -148,10 +148,6 @@ def results(n: int = 5, **columns) -> pd.DataFrame:
     return frame.assign(**{name: list(values) * 2 for name, values in columns.items()})
 
 
-HYBRID_INPUTS = ("HybridRetriever validates qid only: a frame without its retrievers' columns (query_embs) fails "
-                 'inside them, so pt.inspect cannot find its inputs')
-
-
 def maxsim_scorer_sample():
     docs = ['d0', 'd1', 'd2', 'd3']
     embs = queries(True)['query_embs']
@@ -213,19 +209,10 @@ CASES: Dict[str, Callable[[Resources], Case]] = {
         ['qid', 'docno', 'query', 'text', 'score', 'decode_depth', 'rank'],
         results(5, text=TEXTS), cutoff='k',
         diagnostics=['decode_depth']),
-    # the methods whose files others own
     'HybridRetriever': lambda r: Case(
         lambda **kw: pm.HybridRetriever(
             r.index.maxsim_retriever(num_results=4), r.index.mean_retriever(num_results=4), **{'num_results': 4, **kw}),
-        {'weight': 0.3}, [['qid', 'query_embs']], ['qid', 'query', 'docno', 'score', 'rank'], queries(True),
-        cutoff='num_results', xfail={
-            'test_pyterrier_transformer_test_class': HYBRID_INPUTS, 'test_inputs_and_empty_frame': HYBRID_INPUTS,
-            'test_validation_names_the_missing_column': HYBRID_INPUTS,
-            'test_full_frame_has_the_empty_frames_columns': 'HybridRetriever: an empty input fails merging the two '
-                                                            'empty lists (docno of object and of float64 dtype)',
-            'test_fuse_rank_cutoff_gives_what_the_cutoff_gives': 'HybridRetriever.fuse_rank_cutoff cuts both lists to '
-                'k before min-max normalising them, which changes the scores: its top k is not the top k of the full '
-                'hybrid'}),
+        {'weight': 0.3}, [['qid', 'query_embs']], ['qid', 'docno', 'score', 'rank'], queries(True)),
     'AMERQueryEncoder': lambda r: Case(
         lambda **kw: pm.AMERQueryEncoder(r.amer, **kw), {'num_vectors': 1},
         [['qid', 'query'], ['query']], ['qid', 'query', 'query_embs'], queries()),

@@ -1,4 +1,7 @@
 """Hybrid retrieval: a weighted sum of per-query min-max normalised scores of two retrievers."""
+import functools
+from typing import List
+
 import pandas as pd
 import pyterrier as pt
 
@@ -14,7 +17,10 @@ def min_max(scores: pd.Series) -> pd.Series:
 class HybridRetriever(pt.Transformer):
     """Runs ``first`` and ``second`` on the same queries, keeps each one's top ``num_results``, min-max normalises
     each list per query and scores ``weight * first + (1 - weight) * second`` (a document missing from one list
-    counts 0 on that side). DiffRetriever's hybrid is dense MaxSim and sparse with ``weight=0.5``."""
+    counts 0 on that side). DiffRetriever's hybrid is dense MaxSim and sparse with ``weight=0.5``.
+
+    It offers no ``fuse_rank_cutoff``: the normalisation depends on each list's depth, so a shallower hybrid would
+    not rank as the cut-off deep one does."""
     schematic = {'label': 'Hybrid'}
 
     def __init__(self, first: pt.Transformer, second: pt.Transformer, *, weight: float = 0.5, num_results: int = 1000):
@@ -22,9 +28,20 @@ class HybridRetriever(pt.Transformer):
             raise ValueError(f'weight must be in [0, 1], got {weight}')
         self.first, self.second, self.weight, self.num_results = first, second, weight, num_results
 
+    @functools.cached_property
+    def inputs(self) -> List[str]:
+        """The columns both retrievers need (each one's first input configuration), ``qid`` first."""
+        needed = ['qid']
+        for retriever in (self.first, self.second):
+            configurations = pt.inspect.transformer_inputs(retriever, strict=False) or [[]]
+            needed += [c for c in configurations[0] if c not in needed]
+        return needed
+
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
-        pt.validate.query_frame(inp)
+        pt.validate.columns(inp, includes=self.inputs)
         query_cols = [c for c in inp.columns if c in ('qid', 'query')]
+        if not len(inp):
+            return pd.DataFrame(columns=query_cols + ['docno', 'score', 'rank'])
         sides = []
         for retriever, name in ((self.first, 'first'), (self.second, 'second')):
             res = retriever(inp)
@@ -38,11 +55,6 @@ class HybridRetriever(pt.Transformer):
         merged = merged.groupby('qid', sort=False).head(self.num_results).reset_index(drop=True)
         merged['rank'] = merged.groupby('qid', sort=False).cumcount()
         return merged[query_cols + ['docno', 'score', 'rank']]
-
-    def fuse_rank_cutoff(self, k: int):
-        if k < self.num_results:
-            return HybridRetriever(self.first, self.second, weight=self.weight, num_results=k)
-        return None
 
     def __eq__(self, other):
         return isinstance(other, HybridRetriever) and (other.first, other.second, other.weight, other.num_results) == \
