@@ -41,7 +41,6 @@ class Case:
     sample: pd.DataFrame                   # a small input
     cutoff: Optional[str] = None           # the attribute that fuse_rank_cutoff sets, for transformers offering it
     diagnostics: List[str] = field(default_factory=list)  # columns that describe the search, not the ranking
-    xfail: Dict[str, str] = field(default_factory=dict)   # test name -> reason (conventions not yet met)
 
 
 class Resources:
@@ -256,11 +255,7 @@ def resources(tmp_path_factory):
 
 @pytest.fixture(params=list(CASES))
 def case(request, resources):
-    built = CASES[request.param](resources)
-    reason = built.xfail.get(request.function.__name__)
-    if reason:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
-    return built
+    return CASES[request.param](resources)
 
 
 def test_the_cases_cover_every_transformer_the_package_defines(resources):
