@@ -105,6 +105,7 @@ def _remove_new_empty_folders(before: Optional[set]) -> None:
 def build_systems(args, spec, dataset, train_dataset, train_split, train: bool):
     """The table's systems: baselines, and AMER and JPR trained on ``train_split`` (or given as models)."""
     from pyterrier_multiquery import systems
+    from pyterrier_multiquery.baselines import DEFAULT_MMR_LAMBDA
     cache_dir = systems.cache_dir_for(spec, args.cache_dir)
     print(f'indexes: {cache_dir} (built on the first run)', flush=True)
     first_stage = systems.DenseFirstStage(dataset, cache_dir, batch_size=args.batch_size, verbose=args.verbose)
@@ -113,7 +114,7 @@ def build_systems(args, spec, dataset, train_dataset, train_split, train: bool):
         verbose=args.verbose)
     mmr_lambda = args.mmr_lambda
     if mmr_lambda is None:
-        mmr_lambda = 0.9
+        mmr_lambda = DEFAULT_MMR_LAMBDA
         if train_split.train_topics is not None:
             tuned = systems.tune_mmr_lambda(train_first_stage, train_split.train_topics, train_split.train_qrels,
                                             depth=args.mmr_depth)
