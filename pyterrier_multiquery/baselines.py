@@ -71,7 +71,8 @@ class MMR(pt.Transformer):
     """
     schematic = {'label': 'MMR'}
 
-    def __init__(self, Lambda: float = DEFAULT_MMR_LAMBDA, *, depth: int = 500, drop_doc_vec: bool = True, verbose: bool = False):
+    def __init__(self, Lambda: float = DEFAULT_MMR_LAMBDA, *, depth: int = 500, drop_doc_vec: bool = True,
+                 verbose: bool = False):
         """
         Args:
             Lambda: Weight of relevance against redundancy, in [0, 1] (tune it: see ``DEFAULT_MMR_LAMBDA``).

@@ -227,7 +227,8 @@ def test_main_job_runs_amer_from_a_saved_model(tiny_llama, tmp_path):
     folder = tmp_path / 'beir'
     (folder / 'qrels').mkdir(parents=True)
     texts = ['who won the cup', 'the cup in year', 'which city', 'the year of the city']
-    (folder / 'corpus.jsonl').write_text(''.join(f'{{"_id": "d{i}", "title": "", "text": "{t}"}}\n' for i, t in enumerate(texts)))
+    (folder / 'corpus.jsonl').write_text(''.join(f'{{"_id": "d{i}", "title": "", "text": "{t}"}}\n'
+                                                 for i, t in enumerate(texts)))
     (folder / 'queries.jsonl').write_text('{"_id": "q1", "text": "who won the cup"}\n')
     (folder / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\nq1\td0\t1\n')
     torch.manual_seed(0)
@@ -281,7 +282,7 @@ def test_untrained_encoder_amer_ranks_as_the_single_vector_retriever(minilm_path
     index.index(docs[['docno', 'doc_vec']].to_dict('records'))
     queries = pd.DataFrame({'qid': ['1', '2', '3'], 'query': QUERIES})
     single = (minilm().query_encoder() >> pt_dense_retriever(docs))(queries)
-    amer = (AMERQueryEncoder(AMER.from_encoder(minilm_path, num_vectors=2)) >> index.multiquery_retriever(num_results=6))
+    amer = AMERQueryEncoder(AMER.from_encoder(minilm_path, num_vectors=2)) >> index.multiquery_retriever(num_results=6)
     merged = amer(queries)
     assert merged.groupby('qid')['docno'].agg(list).to_dict() == single.groupby('qid')['docno'].agg(list).to_dict()
 
@@ -310,7 +311,8 @@ def test_encoder_amer_trains_its_later_vectors_and_round_trips(minilm_path, tmp_
     targets = [unit(rng.standard_normal((2, 384))) for _ in QUERIES]
     before = model.encode(QUERIES)
     losses = AMERTrainer(model, epochs=4, batch_size=3, learning_rate=1e-3, negatives=4, verbose=False).fit(
-        QUERIES, targets, unit(rng.standard_normal((10, 384))), hard_negatives=[unit(rng.standard_normal((1, 384)))] * 3)
+        QUERIES, targets, unit(rng.standard_normal((10, 384))),
+        hard_negatives=[unit(rng.standard_normal((1, 384)))] * 3)
     after = model.encode(QUERIES)
     assert losses[-1] < losses[0] and not np.allclose(before[:, 1], after[:, 1], atol=1e-3)
     model.save_pretrained(tmp_path / 'amer')
@@ -332,7 +334,8 @@ def test_encoder_amer_rejects_bad_settings_and_inputs(minilm_path, tmp_path):
     with pytest.raises(ValueError, match='text queries'):
         model.encode(np.zeros((1, 384), dtype=np.float32))
     with pytest.raises(ValueError, match=r'hard_negatives\[0\]'):
-        AMERTrainer(model, verbose=False).fit(QUERIES[:1], [np.ones((1, 384), np.float32)], np.ones((4, 384), np.float32),
+        AMERTrainer(model, verbose=False).fit(QUERIES[:1], [np.ones((1, 384), np.float32)],
+                                              np.ones((4, 384), np.float32),
                                               hard_negatives=[np.ones((1, 5), np.float32)])
 
 

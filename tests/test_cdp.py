@@ -190,7 +190,8 @@ def test_table7_within_the_deltas_rounding(table7):
         bounds = [(d - DELTA_ROUNDING, d + DELTA_ROUNDING) for d in deltas]
         extremes = []
         for sign in (1, -1):  # the smallest and the largest r over every delta the printed ones may stand for
-            fit = minimize(lambda d: sign * pearsonr(cw, d).statistic, deltas, bounds=bounds, method='L-BFGS-B')
+            fit = minimize(lambda d, s: s * pearsonr(cw, d).statistic, deltas, args=(sign,), bounds=bounds,
+                           method='L-BFGS-B')
             extremes.append(pearsonr(cw, fit.x))
         (low_r, high_p), (high_r, low_p) = [(f.statistic, f.pvalue) for f in extremes]
         assert low_r < pearsonr(cw, deltas).statistic < high_r

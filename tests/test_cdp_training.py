@@ -34,8 +34,10 @@ def tiny_sbert(tmp_path_factory):
 @pytest.fixture
 def documents():
     return pd.DataFrame({'docno': ['d1', 'd2', 'd3'],
-                         'text': ['armstrong apollo moon landing', 'einstein relativity gravity theory', 'curie radium nobel prize'],
-                         'querygen': [['who moon', 'when landing', 'what apollo'], ['who relativity', 'what theory'], ['why nobel']]})
+                         'text': ['armstrong apollo moon landing', 'einstein relativity gravity theory',
+                                  'curie radium nobel prize'],
+                         'querygen': [['who moon', 'when landing', 'what apollo'], ['who relativity', 'what theory'],
+                                      ['why nobel']]})
 
 
 def test_synthetic_pairs_take_the_first_m_queries(documents):

@@ -30,9 +30,11 @@ finite = st.floats(-4, 4, allow_nan=False, allow_infinity=False, width=32)
 
 
 NOISE = np.random.default_rng(1).normal(scale=1e-2, size=(4, DIM + 1)).astype(np.float32)
+DEFAULT_ROWS = st.integers(1, 3)
+DEFAULT_COLUMNS = st.just(DIM)
 
 
-def matrices(rows=st.integers(1, 3), columns=st.just(DIM)):
+def matrices(rows=DEFAULT_ROWS, columns=DEFAULT_COLUMNS):
     """Random matrices, made generic by a little fixed noise so that no two documents tie by chance."""
     return st.tuples(rows, columns).flatmap(lambda shape: arrays(np.float32, shape, elements=finite)).map(
         lambda m: m + NOISE[:m.shape[0], :m.shape[1]])
@@ -205,9 +207,10 @@ def test_indexer_on_random_records(records):
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / 'index'
         problem = None
-        for i, ((docno, docno_valid), (cell, valid), dim) in enumerate(records):
+        for (docno, docno_valid), (_, valid), dim in records:
             if not docno_valid:
-                problem = (ValueError, f'docno {re.escape(repr(docno))} \\({type(docno).__name__}\\) is not a non-empty')
+                problem = (ValueError,
+                           f'docno {re.escape(repr(docno))} \\({type(docno).__name__}\\) is not a non-empty')
             elif not valid:
                 problem = (ValueError, f'document {re.escape(repr(docno))}')
             elif dim != records[0][2] and records[0][0][1] and records[0][1][1]:
@@ -229,7 +232,8 @@ def test_indexer_on_random_records(records):
         meta, vectors, offsets, lookup = MultiVectorIndex(path).payload()
         assert list(lookup) == names and meta['doc_count'] == len(records)
         for i, doc in enumerate(docs):
-            np.testing.assert_array_equal(vectors[offsets[i]:offsets[i + 1]], np.asarray(doc['doc_embs'], dtype=np.float32))
+            np.testing.assert_array_equal(vectors[offsets[i]:offsets[i + 1]],
+                                          np.asarray(doc['doc_embs'], dtype=np.float32))
         assert sorted(p.name for p in Path(folder).iterdir()) == ['index'] and len(index) == len(records)
 
 

@@ -12,7 +12,8 @@ from pyterrier_multiquery.generation.huggingface import smollm2
 
 
 @pytest.mark.parametrize('text, expected', [
-    ('Here are 3 queries:\n1. what is x\n2) "who built y"\n3. What is X\n\nHope this helps!', ['what is x', 'who built y']),
+    ('Here are 3 queries:\n1. what is x\n2) "who built y"\n3. What is X\n\nHope this helps!',
+     ['what is x', 'who built y']),
     ('Sure! ["a b", "c d", ""] is my answer', ['a b', 'c d']),
     ('- alpha\n* beta\nQ3: gamma\nQuery 4: delta', ['alpha', 'beta', 'gamma', 'delta']),
     ('climate change effects\n\nsea level rise\n', ['climate change effects', 'sea level rise']),
@@ -134,7 +135,8 @@ class ChatServer:
                 status, answer, delay = server.script.pop(0) if server.script else (200, None, 0)
                 time.sleep(delay)
                 if answer is None:
-                    answer = {'choices': [{'message': {'role': 'assistant', 'content': f'echo {body["messages"][-1]["content"]}'}}]}
+                    content = f'echo {body["messages"][-1]["content"]}'
+                    answer = {'choices': [{'message': {'role': 'assistant', 'content': content}}]}
                 payload = json.dumps(answer).encode() if not isinstance(answer, bytes) else answer
                 try:
                     self.send_response(status)

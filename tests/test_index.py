@@ -135,7 +135,8 @@ def test_existing_index_is_kept_unless_overwrite(collection):
         MultiVectorIndex(index.path).index(random_collection(5))
 
 
-@pytest.mark.parametrize('damage', ['truncate_vectors', 'truncate_offsets', 'bad_meta', 'changed_offsets', 'bad_offsets'])
+@pytest.mark.parametrize('damage',
+                         ['truncate_vectors', 'truncate_offsets', 'bad_meta', 'changed_offsets', 'bad_offsets'])
 def test_corrupt_files_are_named(collection, tmp_path, damage):
     import shutil
     _, index = collection
@@ -221,7 +222,8 @@ def test_round_robin_hand_case():
 def test_multiquery_retriever_merges_each_vectors_list(tmp_path):
     # one vector per document on the axes; the query's two vectors point at d0 and d1 (then d2 and d3)
     vecs = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [.9, 0, .1, 0], [0, .8, 0, .1], [0, 0, 0, 1]], dtype=np.float32)
-    index = MultiVectorIndex(tmp_path / 'mvi', verbose=False).index([{'docno': f'd{i}', 'doc_vec': v} for i, v in enumerate(vecs)])
+    index = MultiVectorIndex(tmp_path / 'mvi', verbose=False).index(
+        [{'docno': f'd{i}', 'doc_vec': v} for i, v in enumerate(vecs)])
     topics = topics_frame([np.array([[1, 0, 0, 0], [0, 1, 0, 0]], dtype=np.float32)])
     rr = index.multiquery_retriever(num_results=4)(topics)
     assert list(rr['docno']) == ['d0', 'd1', 'd2', 'd3']
@@ -266,7 +268,8 @@ def test_rank_cutoff_fuses_and_equality(collection):
     assert (retriever % 10).compile() == index.maxsim_retriever(num_results=10)
     assert (index.mean_retriever() % 5).compile() == index.mean_retriever(num_results=5)
     # the per-vector lists keep their length: only the merged list is cut
-    assert (index.multiquery_retriever() % 5).compile() == index.multiquery_retriever(num_results=5, per_vector_results=1000)
+    assert (index.multiquery_retriever() % 5).compile() == index.multiquery_retriever(num_results=5,
+                                                                                      per_vector_results=1000)
 
 
 def test_overwrite_replaces_only_an_index(tmp_path):
@@ -333,9 +336,10 @@ def test_non_finite_vectors_are_named(collection, tmp_path):
         query[1, 0] = value
         topics = topics_frame([np.ones((1, 16)), query])
         scored = pd.DataFrame({'qid': 'q1', 'query': 'x', 'docno': ['d0'], 'score': [0.], 'query_embs': [query]})
-        for transformer, frame in ((index.maxsim_retriever(), topics), (index.maxsim_retriever(exact=False, ann='flat'), topics),
-                                   (index.mean_retriever(), topics), (index.maxsim_scorer(), scored),
-                                   *((index.multiquery_retriever(merge), topics) for merge in ('round_robin', 'score_sum', 'rrf'))):
+        cases = ((index.maxsim_retriever(), topics), (index.maxsim_retriever(exact=False, ann='flat'), topics),
+                 (index.mean_retriever(), topics), (index.maxsim_scorer(), scored),
+                 *((index.multiquery_retriever(merge), topics) for merge in ('round_robin', 'score_sum', 'rrf')))
+        for transformer, frame in cases:
             with pytest.raises(ValueError, match="query 'q1': query_embs has non-finite values"):
                 transformer(frame)
 
@@ -387,5 +391,6 @@ def test_retriever_follows_a_rebuilt_index(tmp_path, exact):
         num_results=1, exact=exact, ann='flat')
     topics = topics_frame([np.eye(4, dtype=np.float32)[:1]])
     assert retriever(topics)['docno'].tolist() == ['a0']
-    MultiVectorIndex(tmp_path / 'mvi', verbose=False).indexer(overwrite=True).index(second)  # another object, as another process would
+    # another object, as another process would
+    MultiVectorIndex(tmp_path / 'mvi', verbose=False).indexer(overwrite=True).index(second)
     assert retriever(topics)['docno'].tolist() == ['b3']

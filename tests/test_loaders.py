@@ -66,8 +66,9 @@ def test_trec_vaswani(data_dir):
     assert isinstance(ds, TrecDataset)
     topics, qrels, docs = ds.get_topics(), ds.get_qrels(), corpus(ds)
     assert len(topics) == 93 and len(qrels) == 2083 and len(docs) == 11429
-    assert docs[0] == {'docno': '1', 'text': 'compact memories have flexible capacities a digital data storage system '
-                                              'with capacity up to bits and random and or sequential access is described'}
+    assert docs[0] == {'docno': '1',
+                       'text': 'compact memories have flexible capacities a digital data storage system '
+                               'with capacity up to bits and random and or sequential access is described'}
     assert docs[-1]['docno'] == '11429'
 
 
@@ -126,12 +127,14 @@ def test_text_loader_joins_corpus_fields_by_docno(tmp_path):
     import pyterrier as pt
     folder = tmp_path / 'beir'
     (folder / 'qrels').mkdir(parents=True)
-    (folder / 'corpus.jsonl').write_text('{"_id": "d1", "title": "T", "text": "one"}\n{"_id": "d2", "title": "", "text": "two"}\n')
+    (folder / 'corpus.jsonl').write_text('{"_id": "d1", "title": "T", "text": "one"}\n'
+                                         '{"_id": "d2", "title": "", "text": "two"}\n')
     (folder / 'queries.jsonl').write_text('{"_id": "q1", "text": "q"}\n')
     (folder / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\nq1\td1\t1\n')
     ds = load_dataset(folder)
     docs = {d['docno']: d['text'] for d in corpus(ds)}
-    out = pt.text.get_text(ds, 'text')(pd.DataFrame({'qid': ['q1', 'q1'], 'docno': ['d2', 'd1'], 'text': ['old', 'old']}))
+    stale = pd.DataFrame({'qid': ['q1', 'q1'], 'docno': ['d2', 'd1'], 'text': ['old', 'old']})
+    out = pt.text.get_text(ds, 'text')(stale)
     assert out['text'].tolist() == [docs['d2'], docs['d1']]
     with pytest.raises(KeyError, match='d9'):
         ds.text_loader()(pd.DataFrame({'qid': ['q1'], 'docno': ['d9']}))

@@ -14,7 +14,8 @@ def brute_force(predictions, candidates, gold, temperature):
     best = None
     for targets in itertools.permutations(gold.tolist(), min(len(predictions), len(gold))):
         for steps in itertools.permutations(range(len(predictions)), len(targets)):
-            loss = sum(F.cross_entropy(logits[s:s + 1], torch.tensor([t])) for s, t in zip(steps, targets)) / len(targets)
+            losses = [F.cross_entropy(logits[s:s + 1], torch.tensor([t])) for s, t in zip(steps, targets)]
+            loss = sum(losses) / len(targets)
             best = loss if best is None or loss < best else best
     return best
 

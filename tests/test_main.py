@@ -11,8 +11,10 @@ from pyterrier_multiquery.evaluation import run_experiment
 def test_import_is_cheap():
     code = ('import sys, time; start = time.perf_counter(); import pyterrier_multiquery; '
             'print(time.perf_counter() - start); '
-            'print(sorted(m for m in ("torch", "transformers", "faiss", "pyterrier_dr", "pyterrier") if m in sys.modules))')
-    seconds, heavy = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True).stdout.splitlines()
+            'print(sorted(m for m in ("torch", "transformers", "faiss", "pyterrier_dr", "pyterrier") '
+            'if m in sys.modules))')
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
+    seconds, heavy = result.stdout.splitlines()
     assert float(seconds) < 2.
     assert heavy == '[]'
 
@@ -83,7 +85,8 @@ def test_main_job_trains_amer_and_jpr_once_and_reuses_them(small_ramdocs, tmp_pa
         raise AssertionError('a cached model was trained again')
     monkeypatch.setattr(AMERTrainer, 'fit', no_training)
     monkeypatch.setattr(JPRTrainer, '__init__', no_training)
-    assert main(['--dataset', str(small_ramdocs), '--cache-dir', str(cache), '--save', str(tmp_path / 'again.csv')]) == 0
+    assert main(['--dataset', str(small_ramdocs), '--cache-dir', str(cache),
+                 '--save', str(tmp_path / 'again.csv')]) == 0
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / 'again.csv'), table)
 
 
@@ -124,8 +127,8 @@ def test_main_job_trains_on_another_collection_when_asked(small_ramdocs, tmp_pat
     (folder / 'queries.jsonl').write_text('{"_id": "q1", "text": "what is the population of broken bow"}\n')
     (folder / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\nq1\td1\t1\n')
     out = tmp_path / 'table.csv'
-    assert main(['--dataset', str(folder), '--train-dataset', str(small_ramdocs), '--cache-dir', str(tmp_path / 'cache'),
-                 '--save', str(out)]) == 0
+    assert main(['--dataset', str(folder), '--train-dataset', str(small_ramdocs),
+                 '--cache-dir', str(tmp_path / 'cache'), '--save', str(out)]) == 0
     printed = capsys.readouterr().out
     assert f'training on: {small_ramdocs} (8 queries)' in printed and 'no training split' in printed
     assert {'AMER', 'MiniLM >> JPR', 'AMER >> JPR'} <= set(pd.read_csv(out)['name'])

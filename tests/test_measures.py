@@ -150,7 +150,8 @@ def reference_coverage(qrels_rows, run_rows, k):
 
 qids = st.sampled_from(['q1', 'q2', 'q3'])
 docs = st.sampled_from([f'd{i}' for i in range(8)])
-qrels_rows = st.lists(st.tuples(qids, docs, st.integers(0, 2), st.sampled_from(['0', '1', '2', '3', '4'])), min_size=1, max_size=25)
+qrels_rows = st.lists(st.tuples(qids, docs, st.integers(0, 2), st.sampled_from(['0', '1', '2', '3', '4'])),
+                      min_size=1, max_size=25)
 run_rows = st.lists(st.tuples(qids, docs, st.integers(0, 5).map(float)), max_size=30)
 
 

@@ -58,7 +58,8 @@ def test_emb_interpolates_the_query_mean_with_the_document_vector(docs):
     d = unit([1, 1, 1, 0, 0, 0, 0])
     np.testing.assert_allclose(out['doc_vec'][0], unit(alpha * q_mean + (1 - alpha) * d), atol=1e-6)
     # alpha = 0 is the plain document vector, alpha = 1 is QAE_base
-    np.testing.assert_allclose(QAEncoder(BagOfWords(VOCAB), 'emb', alpha=0)(docs)['doc_vec'][1], unit([0, 0, 0, 1, 1, 0, 0]), atol=1e-6)
+    np.testing.assert_allclose(QAEncoder(BagOfWords(VOCAB), 'emb', alpha=0)(docs)['doc_vec'][1],
+                               unit([0, 0, 0, 1, 1, 0, 0]), atol=1e-6)
     np.testing.assert_allclose(QAEncoder(BagOfWords(VOCAB), 'emb', alpha=1)(docs)['doc_vec'][0], q_mean, atol=1e-6)
 
 
@@ -137,7 +138,8 @@ def test_querygen_that_is_not_a_list_of_strings_is_named(docs, querygen, method)
 def test_grid_search_finds_the_alpha_that_ranks_the_relevant_document_first():
     # The query "who moon" matches d1's generated query exactly but shares nothing with d1's text, while
     # d2's text is "who": only a high alpha puts d1 first.
-    docs = pd.DataFrame({'docno': ['d1', 'd2'], 'text': ['apollo landing', 'who'], 'querygen': [['who moon'], ['einstein']]})
+    docs = pd.DataFrame({'docno': ['d1', 'd2'], 'text': ['apollo landing', 'who'],
+                         'querygen': [['who moon'], ['einstein']]})
     topics = pd.DataFrame({'qid': ['q1'], 'query': ['who moon']})
     qrels = pd.DataFrame({'query_id': ['q1'], 'doc_id': ['d1'], 'relevance': [1]})
     table = grid_search(BagOfWords(VOCAB), docs, topics, qrels, method='emb', alphas=[0.0, 1.0])

@@ -20,7 +20,8 @@ class ScriptedGenerator(TextGenerator):
 
 def test_query_generator_writes_parsed_query_lists():
     generator = ScriptedGenerator({
-        'moon': 'Here are the questions:\n1. Who landed on the moon?\n2. When was Apollo 11?\n3. Who landed on the moon?\n4. Why?',
+        'moon': 'Here are the questions:\n1. Who landed on the moon?\n2. When was Apollo 11?\n'
+                '3. Who landed on the moon?\n4. Why?',
         'gravity': '["What is general relativity?", "Who explained gravity?"]',
     })
     docs = pd.DataFrame({'docno': ['d1', 'd2'], 'text': ['Armstrong landed on the moon.', 'Einstein on {gravity}.']})

@@ -91,7 +91,8 @@ class AMER(nn.Module):
 
     @classmethod
     def from_encoder(cls, path: Union[str, Path], *, num_vectors: int = 3, **settings) -> 'AMER':
-        """A new AMER over the document encoder itself (see :class:`~pyterrier_multiquery.amer.encoder_model.EncoderAMER`).
+        """A new AMER over the document encoder itself
+        (see :class:`~pyterrier_multiquery.amer.encoder_model.EncoderAMER`).
 
         Untrained, its first vector is the encoder's own query vector. ``settings`` go to
         :meth:`EncoderAMER.from_encoder <pyterrier_multiquery.amer.encoder_model.EncoderAMER.from_encoder>`.
@@ -140,7 +141,8 @@ class AMER(nn.Module):
                 if feed is not None:
                     teacher = feed[:, t]
                     use_teacher = ~torch.isnan(teacher).any(-1)
-                    use_teacher &= torch.rand(len(teacher), generator=generator, device='cpu').to(teacher.device) >= own_probability
+                    draws = torch.rand(len(teacher), generator=generator, device='cpu').to(teacher.device)
+                    use_teacher &= draws >= own_probability
                     following = torch.where(use_teacher.unsqueeze(-1), torch.nan_to_num(teacher), following)
                 inputs_embeds = torch.cat([inputs_embeds, self.in_proj(following).unsqueeze(1)], 1)
                 attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(attention_mask), 1)], 1)
@@ -208,7 +210,8 @@ class AMER(nn.Module):
             lm = PeftModel.from_pretrained(base, path / 'lm')
         else:
             lm = AutoModelForCausalLM.from_pretrained(path / 'lm', torch_dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(path / 'lm') if (path / 'lm' / 'tokenizer_config.json').exists() else None
+        has_tokenizer = (path / 'lm' / 'tokenizer_config.json').exists()
+        tokenizer = AutoTokenizer.from_pretrained(path / 'lm') if has_tokenizer else None
         model = cls(lm, tokenizer, config['doc_dim'], num_vectors=config['num_vectors'], source=source)
         projections = torch.load(path / PROJECTIONS, map_location='cpu', weights_only=True)
         model.in_proj.load_state_dict(projections['in_proj'])

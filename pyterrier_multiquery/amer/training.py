@@ -139,9 +139,12 @@ class AMERTrainer:
         candidates = torch.as_tensor(np.concatenate(list(targets) + [negatives]), dtype=torch.float32, device=device)
         feed = torch.full((len(targets), max(steps - 1, 0), self.model.doc_dim), float('nan'), device=device)
         for i, t in enumerate(targets):
-            shuffled = t[self.rng.permutation(len(t))][:steps - 1]
-            feed[i, :len(shuffled)] = torch.nn.functional.normalize(torch.as_tensor(shuffled, dtype=torch.float32), dim=-1)
-        embeds = self.model.embed_vectors(queries) if isinstance(queries, np.ndarray) else self.model.embed_text(queries)
+            shuffled = torch.as_tensor(t[self.rng.permutation(len(t))][:steps - 1], dtype=torch.float32)
+            feed[i, :len(shuffled)] = torch.nn.functional.normalize(shuffled, dim=-1)
+        if isinstance(queries, np.ndarray):
+            embeds = self.model.embed_vectors(queries)
+        else:
+            embeds = self.model.embed_text(queries)
         predictions = self.model(*embeds, num_vectors=steps, feed=feed, own_probability=own_probability,
                                  generator=self.generator)
         return torch.stack([matched_infonce(p, candidates, g, self.temperature)[0]

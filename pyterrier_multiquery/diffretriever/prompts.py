@@ -1,7 +1,8 @@
 """The retrieval prompts (Table 1 of the paper, PromptReps' wording) and the layout of the K mask positions."""
 from typing import List, Tuple
 
-_INSTRUCTION = '{kind}: "{text}". Use {amount} to represent the {noun} in a retrieval task. Make sure your {unit} in lowercase.'
+_INSTRUCTION = ('{kind}: "{text}". Use {amount} to represent the {noun} in a retrieval task. '
+                'Make sure your {unit} in lowercase.')
 
 
 def instruction(k: int, side: str) -> Tuple[str, str, str]:
@@ -28,7 +29,10 @@ def prompt_ids(tokenizer, text_ids: List[int], k: int, side: str) -> List[int]:
     """Token ids of the instruction around ``text_ids`` followed by the assistant prefix, as the user turn of the
     tokenizer's chat template when it has one (no special tokens otherwise)."""
     before, after, prefix = instruction(k, side)
-    encode = lambda s: tokenizer(s, add_special_tokens=False)['input_ids']
+
+    def encode(s: str) -> List[int]:
+        return tokenizer(s, add_special_tokens=False)['input_ids']
+
     if getattr(tokenizer, 'chat_template', None):
         marker = '\0TEXT\0'
         rendered = tokenizer.apply_chat_template([{'role': 'user', 'content': before + marker + after}],

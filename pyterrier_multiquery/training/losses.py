@@ -23,7 +23,8 @@ def matched_infonce(predictions, candidates, gold, temperature: float = 0.05) ->
         temperature: Softmax temperature.
 
     Returns:
-        ``(loss, assignment)``: the scalar loss and a ``(min(T, m), 2)`` tensor of matched (prediction, gold index) pairs.
+        ``(loss, assignment)``: the scalar loss and a ``(min(T, m), 2)`` tensor of matched
+        (prediction, gold index) pairs.
     """
     with requires('dense'):
         import torch
@@ -33,7 +34,8 @@ def matched_infonce(predictions, candidates, gold, temperature: float = 0.05) ->
         raise ValueError(f'predictions (T, d) and candidates (K, d) must share d; got {tuple(predictions.shape)} '
                          f'and {tuple(candidates.shape)}')
     if gold.numel() == 0 or gold.min() < 0 or gold.max() >= len(candidates):
-        raise ValueError(f'gold must be a non-empty set of candidate rows in [0, {len(candidates)}), got {gold.tolist()}')
+        raise ValueError(f'gold must be a non-empty set of candidate rows in [0, {len(candidates)}), '
+                         f'got {gold.tolist()}')
     logits = F.normalize(predictions, dim=-1) @ F.normalize(candidates, dim=-1).T / temperature
     costs = -F.log_softmax(logits, dim=-1)[:, gold]  # (T, m): cross-entropy of each (prediction, target) pair
     rows, cols = linear_sum_assignment(costs.detach().cpu().numpy())
@@ -42,7 +44,8 @@ def matched_infonce(predictions, candidates, gold, temperature: float = 0.05) ->
 
 
 def in_batch_infonce(scores, temperature: float) -> 'torch.Tensor':
-    """InfoNCE over a batch's candidates: row ``i`` of ``scores`` (queries by candidates) has its positive in column ``i``.
+    """InfoNCE over a batch's candidates: row ``i`` of ``scores`` (queries by candidates) has its positive in
+    column ``i``.
 
     Args:
         scores: ``(B, C)`` similarities, ``C >= B`` (the batch's positives first, then any further negatives).
