@@ -332,8 +332,7 @@ def diffretriever(dataset, cache_dir: os.PathLike, model_path, *, mode: str = 'h
     encoder = DiffRetriever.from_pretrained(str(model_path), k_query=k_query, k_doc=k_doc, **encoder_args)
     name = f'diffretriever-{hashlib.sha1(str(Path(model_path).resolve()).encode()).hexdigest()[:10]}-k{encoder.k_doc}'
     return multivector_retrievers(encoder, lambda: corpus_frame(dataset), Path(cache_dir) / name,
-                                  modes=('dense', 'sparse') if mode == 'hybrid' else (mode,),
-                                  num_results=num_results)[mode]
+                                  modes=(mode,), num_results=num_results)[mode]
 
 
 def multivector_retrievers(encoder, corpus: Callable[[], pd.DataFrame], path: os.PathLike, *,
