@@ -348,11 +348,11 @@ def multivector_retrievers(encoder, corpus: Callable[[], pd.DataFrame], path: os
         path: Where the indexes are kept, without extension.
         modes: Any of ``'dense'`` (MaxSim), ``'mean'`` (the mean of each side's vectors, cosine), ``'sparse'``,
             ``'hybrid'`` (MaxSim and sparse, 0.5/0.5 of min-max-normalised scores) and ``'mean hybrid'`` (mean and
-            sparse). A hybrid mode also returns the modes it combines.
+            sparse).
         num_results: Results per query.
 
     Returns:
-        The pipelines by mode.
+        The pipeline of each of ``modes``, by mode.
     """
     from pyterrier_multiquery.diffretriever import HybridRetriever, sparse_index
     from pyterrier_multiquery.index import MultiVectorIndex
