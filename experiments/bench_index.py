@@ -96,14 +96,17 @@ def main():
 
     found, seconds = numpy_brute_force(path, queries)
     if found is not None:
-        rows.append({'system': 'numpy brute force', 'qps': len(queries) / seconds, 'recall@10': recall_at_10(reference, found),
-                     'build_s': index_seconds, 'disk_MB': stored_bytes / 2**20, 'bytes/vector': index.bytes_per_vector()})
+        rows.append({'system': 'numpy brute force', 'qps': len(queries) / seconds,
+                     'recall@10': recall_at_10(reference, found), 'build_s': index_seconds,
+                     'disk_MB': stored_bytes / 2**20, 'bytes/vector': index.bytes_per_vector()})
 
     stages = [('ivf', None), ('ivf', 'SQ8')] + ([('hnsw', None)] if args.hnsw else [])
     for ann, quantizer in stages:
         before = set(path.glob('ann.*'))
         start = time.perf_counter()
-        index.maxsim_retriever(exact=False, ann=ann, quantizer=quantizer, num_results=10, device=args.device)(topics.iloc[:1])
+        approximate = index.maxsim_retriever(exact=False, ann=ann, quantizer=quantizer, num_results=10,
+                                             device=args.device)
+        approximate(topics.iloc[:1])
         build_seconds = time.perf_counter() - start
         ann_file = (set(path.glob('ann.*')) - before).pop()
         ann_bytes = ann_file.stat().st_size
@@ -121,8 +124,8 @@ def main():
         np.save(query_file, np.stack(queries))
         (work / 'reference.json').write_text(json.dumps(reference))
         worker = Path(__file__).parent / 'bench_pylate_worker.py'
-        result = subprocess.run([args.pylate_python, str(worker), str(path), str(query_file), str(work / 'reference.json'),
-                                 str(work / 'pylate')], capture_output=True, text=True)
+        result = subprocess.run([args.pylate_python, str(worker), str(path), str(query_file),
+                                 str(work / 'reference.json'), str(work / 'pylate')], capture_output=True, text=True)
         if result.returncode != 0:
             print(result.stderr[-3000:], file=sys.stderr)
             rows.append({'system': 'PyLate (failed: see stderr)'})

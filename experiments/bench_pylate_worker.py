@@ -57,7 +57,8 @@ def main(index_dir, query_file, reference_file, work):
 
     if os.environ.get('PYLATE_VOYAGER') == '1':
         start = time.perf_counter()
-        voyager = indexes.Voyager(index_folder=str(work), index_name='voyager', override=True, embedding_size=meta['dim'])
+        voyager = indexes.Voyager(index_folder=str(work), index_name='voyager', override=True,
+                                  embedding_size=meta['dim'])
         voyager.add_documents(documents_ids=docnos, documents_embeddings=documents)
         rows.append(measure('PyLate Voyager', voyager, time.perf_counter() - start, work / 'voyager'))
     print(json.dumps(rows))
