@@ -221,10 +221,11 @@ def cross_validate(topics: pd.DataFrame, qrels: pd.DataFrame,
     runs, seconds = {}, {}
     splits = list(cross_validation_folds(qrels, folds, seed=seed))
     for fold, (train_qids, test_qids) in enumerate(pt.tqdm(splits, desc='folds', unit='fold', disable=not verbose)):
-        fold_runs = fold_systems(fold, _select(topics, train_qids), _select(qrels, train_qids))
-        for name, system in fold_runs.items():
+        built = fold_systems(fold, _select(topics, train_qids), _select(qrels, train_qids))
+        test_topics = _select(topics, test_qids)
+        for name, system in built.items():
             start = time.perf_counter()
-            runs.setdefault(name, []).append(system(_select(topics, test_qids)))
+            runs.setdefault(name, []).append(system(test_topics))
             seconds[name] = seconds.get(name, 0.) + time.perf_counter() - start
     return CrossValidation({name: pd.concat(frames, ignore_index=True) for name, frames in runs.items()}, seconds)
 
