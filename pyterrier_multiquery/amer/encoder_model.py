@@ -5,6 +5,7 @@ from typing import Optional, Union
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building
+from pyterrier_multiquery._saved_model import write_meta
 from pyterrier_multiquery.amer.model import AMER, CONFIG_NAME, PROJECTIONS, with_lora
 
 with requires('dense'):
@@ -145,14 +146,16 @@ class EncoderAMER(AMER):
             (tmp / CONFIG_NAME).write_text(json.dumps({
                 'doc_dim': self.doc_dim, 'num_vectors': self.num_vectors, 'pooling': self.pooling,
                 'max_length': self.max_length, 'source': self.source}, indent=2))
+            write_meta(tmp, type(self))
+        self.path = Path(path)
 
     @classmethod
-    def load(cls, path: Path, config: dict) -> 'EncoderAMER':
+    def from_saved(cls, path: Path, config: dict) -> 'EncoderAMER':
         """The model saved at ``path`` whose settings ``config`` were read from it."""
         with requires('dense'):
             from transformers import AutoModel, AutoTokenizer
         if cls is EncoderAMER and config['source'].get('residual') == 'linear':
-            return LinearResidualAMER.load(path, config)
+            return LinearResidualAMER.from_saved(path, config)
         encoder = AutoModel.from_pretrained(str(path / 'lm'), dtype=torch.float32)
         model = cls(encoder, AutoTokenizer.from_pretrained(str(path / 'lm')), config['doc_dim'],
                     num_vectors=config['num_vectors'], pooling=config['pooling'], max_length=config['max_length'],

@@ -7,6 +7,7 @@ import numpy as np
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building
+from pyterrier_multiquery._saved_model import SavedModel, check_saved, read_json, write_meta
 
 with requires('dense'):
     import torch
@@ -29,14 +30,18 @@ def with_lora(model, target_modules: Sequence[str], r: int, alpha: int, dropout:
     return get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets))
 
 
-class AMER(nn.Module):
+class AMER(nn.Module, SavedModel):
     """Autoregressive Multi-Embedding Retriever (the AMER paper).
 
     The query is read by a causal LM; the last hidden state, through ``out_proj``, is the first query vector q1.
     Each q_t goes back into the LM through ``in_proj`` as the next input embedding, and the next last hidden state
     gives q_{t+1}, for ``num_vectors`` steps. All q_t are L2-normalised. For the synthetic task the query is itself
     a vector, fed through ``in_proj`` as the only input.
+
+    A saved AMER is a PyTerrier artifact (``amer_model.hf``): ``pt.Artifact.load(path)`` loads it and
+    ``to_hf``/``from_hf`` share it.
     """
+    ARTIFACT_TYPE = 'amer_model'
 
     def __init__(self, lm, tokenizer, doc_dim: int, *, num_vectors: int = 3, source: Optional[dict] = None):
         """
@@ -48,6 +53,7 @@ class AMER(nn.Module):
             source: How the backbone was made (kept by :meth:`save_pretrained`).
         """
         super().__init__()
+        self.path = SavedModel.NO_PATH
         if num_vectors < 1:
             raise ValueError(f'num_vectors must be positive, got {num_vectors}')
         self.lm = lm
@@ -188,20 +194,30 @@ class AMER(nn.Module):
                        tmp / PROJECTIONS)
             (tmp / CONFIG_NAME).write_text(json.dumps({'doc_dim': self.doc_dim, 'num_vectors': self.num_vectors,
                                                        'source': self.source}, indent=2))
+            write_meta(tmp, type(self))
+        self.path = Path(path)
 
     @classmethod
     def from_pretrained(cls, path: Union[str, Path]) -> 'AMER':
-        """An AMER saved by :meth:`save_pretrained`."""
+        """An AMER saved by :meth:`save_pretrained`, its files checked against its ``pt_meta.json``."""
+        path = Path(path)
+        if not check_saved(path, cls, CONFIG_NAME):
+            raise FileNotFoundError(f'{path} is not a saved AMER model (no {CONFIG_NAME})')
+        config = read_json(path / CONFIG_NAME)
+        if config['source'].get('backbone') == 'encoder':
+            from pyterrier_multiquery.amer.encoder_model import EncoderAMER
+            model = EncoderAMER.from_saved(path, config)
+        else:
+            model = cls.from_saved(path, config)
+        model.path = path
+        return model
+
+    @classmethod
+    def from_saved(cls, path: Path, config: dict) -> 'AMER':
+        """The model saved at ``path`` whose settings ``config`` were read from it."""
         with requires('dense'):
             from transformers import AutoModelForCausalLM, AutoTokenizer
-        path = Path(path)
-        if not (path / CONFIG_NAME).exists():
-            raise FileNotFoundError(f'{path} is not a saved AMER model (no {CONFIG_NAME})')
-        config = json.loads((path / CONFIG_NAME).read_text())
         source = config['source']
-        if source.get('backbone') == 'encoder':
-            from pyterrier_multiquery.amer.encoder_model import EncoderAMER
-            return EncoderAMER.load(path, config)
         if source.get('lora'):
             with requires('train'):
                 from peft import PeftModel

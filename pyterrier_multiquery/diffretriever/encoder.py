@@ -5,6 +5,7 @@ from typing import List, Optional
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building
+from pyterrier_multiquery._saved_model import SavedModel, check_saved, read_json, write_meta
 from pyterrier_multiquery.diffretriever.prompts import layout
 from pyterrier_multiquery.diffretriever.sparse import content_token_ids, sparse_weights, to_toks
 from pyterrier_multiquery.multivector_encoder import Encoded, MultiVectorEncoder
@@ -62,7 +63,7 @@ def mask_representations(tokenizer, hidden, logits, content: List[List[int]]) ->
     return Encoded(list(hidden), [to_toks(tokenizer, w, allowed) for w, allowed in zip(weights, content)])
 
 
-class DiffRetriever(MultiVectorEncoder):
+class DiffRetriever(MultiVectorEncoder, SavedModel):
     """DiffRetriever (seed 004): K mask positions after the retrieval prompt; each position's last hidden state is
     a dense vector (``query_embs``/``doc_embs``, L2-normalised) and ``max_k log(1 + ReLU(logits_k))`` over the
     content words of the input is the sparse vector (``query_toks``/``toks``).
@@ -70,7 +71,11 @@ class DiffRetriever(MultiVectorEncoder):
     ``steps`` > 1 is the iterative unmasking of Appendix A.1: after each of the first ``steps - 1`` passes the
     most confident still-masked positions (``ceil(K / steps)`` of them) take their argmax token, and the
     representations are read from the last pass.
+
+    A saved DiffRetriever is a PyTerrier artifact (``diffretriever_model.hf``): ``pt.Artifact.load(path)`` loads it
+    and ``to_hf``/``from_hf`` share it.
     """
+    ARTIFACT_TYPE = 'diffretriever_model'
     sparse = True
     settings = ('k_query', 'k_doc', 'steps', 'max_length')
 
@@ -93,6 +98,7 @@ class DiffRetriever(MultiVectorEncoder):
             if value < 1:
                 raise ValueError(f'{name} must be at least 1, got {value}')
         self.backbone = backbone
+        self.path = SavedModel.NO_PATH
         self.k_query, self.k_doc, self.steps, self.max_length = k_query, k_doc, steps, max_length
         super().__init__(batch_size=batch_size, text_field=text_field, verbose=verbose, device=device)
 
@@ -104,13 +110,17 @@ class DiffRetriever(MultiVectorEncoder):
     def from_pretrained(cls, path: str, k_query: Optional[int] = None, k_doc: Optional[int] = None, *,
                         trust_remote_code: bool = False, head: Optional[str] = None, **kwargs) -> 'DiffRetriever':
         """Loads any bidirectional model with a mask token (masked LMs, LLaDA/Dream with ``trust_remote_code``,
-        encoder-only checkpoints with a tied head), or a checkpoint written by :meth:`save_pretrained`."""
-        saved = Path(path) / CONFIG_NAME
-        config = json.loads(saved.read_text()) if saved.exists() else {}
+        encoder-only checkpoints with a tied head), or a checkpoint written by :meth:`save_pretrained` (its files
+        checked against its ``pt_meta.json``)."""
+        saved = Path(path).is_dir() and check_saved(path, cls, CONFIG_NAME)
+        config = read_json(Path(path) / CONFIG_NAME) if saved else {}
         head = head or config.get('head')
         backbone = MaskedBackbone.load(str(path), trust_remote_code=trust_remote_code, head=head)
-        return cls(backbone, k_query=k_query or config.get('k_query', 4), k_doc=k_doc or config.get('k_doc', 4),
-                   **kwargs)
+        encoder = cls(backbone, k_query=k_query or config.get('k_query', 4), k_doc=k_doc or config.get('k_doc', 4),
+                      **kwargs)
+        if saved:
+            encoder.path = Path(path)
+        return encoder
 
     def save_pretrained(self, path) -> None:
         """Writes the model (LoRA adapters merged), tokenizer and K settings, atomically."""
@@ -123,6 +133,8 @@ class DiffRetriever(MultiVectorEncoder):
             self.backbone.tokenizer.save_pretrained(tmp)
             (tmp / CONFIG_NAME).write_text(json.dumps({'k_query': self.k_query, 'k_doc': self.k_doc,
                                                        'head': self.backbone.head}))
+            write_meta(tmp, type(self))
+        self.path = Path(path)
 
     def with_k(self, k_query: Optional[int] = None, k_doc: Optional[int] = None) -> 'DiffRetriever':
         """The same backbone with other budgets."""

@@ -9,6 +9,7 @@ import numpy as np
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building
+from pyterrier_multiquery._saved_model import SavedModel, check_saved, read_json, write_meta
 
 with requires('dense'):
     import torch
@@ -90,7 +91,7 @@ class PassageEncoder(nn.Module):
         self.tokenizer.save_pretrained(path)
 
 
-class JPRModel(nn.Module):
+class JPRModel(nn.Module, SavedModel):
     """Fusion-in-Decoder reranker over pooled passage states with a pointer output.
 
     Each candidate ``question: ... index: i passage: ...`` is encoded into one state by a
@@ -103,7 +104,11 @@ class JPRModel(nn.Module):
     rank (0 for the top passage) and ``w`` a learned scalar starting at 1. The pointer's query head starts at zero,
     so an untrained model's logits are the prior alone: every decoder then returns the first-stage order, and
     training learns only the departure from it.
+
+    A saved model is a PyTerrier artifact (``jpr_model.hf``): ``pt.Artifact.load(path)`` loads it and
+    ``to_hf``/``from_hf`` share it.
     """
+    ARTIFACT_TYPE = 'jpr_model'
 
     def __init__(self, encoder: Union[str, PassageEncoder], *, decoder_layers: int = 2, decoder_heads: int = 4,
                  decoder_dropout: float = 0.1, freeze_encoder: bool = True, max_length: int = 256,
@@ -120,6 +125,7 @@ class JPRModel(nn.Module):
             prior: Whether the logits add the learned first-stage rank prior (the model then needs ``ranks``).
         """
         super().__init__()
+        self.path = SavedModel.NO_PATH
         if isinstance(encoder, (str, Path)):
             encoder = PassageEncoder(str(encoder), max_length=max_length, freeze=freeze_encoder)
         self.passages = encoder
@@ -190,6 +196,8 @@ class JPRModel(nn.Module):
             torch.save({k: v for k, v in self.state_dict().items() if not k.startswith('passages.')},
                        tmp / DECODER_WEIGHTS)
             (tmp / CONFIG_NAME).write_text(json.dumps(self.settings, indent=2))
+            write_meta(tmp, type(self))
+        self.path = Path(path)
 
     @classmethod
     def from_pretrained(cls, path: Union[str, Path], **settings) -> 'JPRModel':
@@ -201,9 +209,9 @@ class JPRModel(nn.Module):
         if not path.is_dir():
             raise FileNotFoundError(f'no JPR model or encoder checkpoint folder at {str(path)!r} (a fresh model over '
                                     'a Hugging Face hub encoder: JPRModel(name))')
-        if not (path / CONFIG_NAME).exists():
+        if not check_saved(path, cls, CONFIG_NAME):
             return cls(str(path), **settings)
-        saved = {'prior': False, **json.loads((path / CONFIG_NAME).read_text())}
+        saved = {'prior': False, **read_json(path / CONFIG_NAME)}
         model = cls(str(path / 'encoder'), **{**saved, **settings})
         weights = torch.load(path / DECODER_WEIGHTS, map_location='cpu', weights_only=True)
         missing, unexpected = model.load_state_dict(weights, strict=False)
@@ -211,4 +219,5 @@ class JPRModel(nn.Module):
         if missing or unexpected:
             raise ValueError(f'{path / DECODER_WEIGHTS} does not match the JPR decoder: '
                              f'missing {missing}, unexpected {unexpected}')
+        model.path = path
         return model

@@ -1,0 +1,214 @@
+"""Trained models as PyTerrier artifacts: pt_meta.json, pt.Artifact.load through the entry points, packages as
+to_hf/from_hf move them, and clear errors for missing or damaged files.
+
+The entry points are read from this checkout's pyproject.toml (the installed metadata may be another checkout's),
+so ``pt.Artifact.load`` is tested against what this checkout declares.
+"""
+import contextlib
+import importlib.metadata
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+import pytest
+
+from pyterrier_multiquery._saved_model import CorruptModelError
+
+tomllib = pytest.importorskip('tomllib')
+torch = pytest.importorskip('torch')
+
+ROOT = Path(__file__).resolve().parents[1]
+DECLARED = tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']['entry-points']['pyterrier.artifact']
+WORDS = ['who', 'won', 'the', 'cup', 'in', 'year', 'which', 'city', 'cats', 'heart', 'disease', 'protein']
+KINDS = ('amer', 'encoder_amer', 'jpr', 'diffretriever')
+
+
+@pytest.fixture
+def declared_entry_points(monkeypatch):
+    """``pt.utils.entry_points('pyterrier.artifact')`` as this checkout's pyproject.toml declares them."""
+    installed = pt.utils.entry_points
+
+    def entry_points(group):
+        if group == 'pyterrier.artifact':
+            return tuple(importlib.metadata.EntryPoint(name, value, group) for name, value in DECLARED.items())
+        return installed(group)
+    monkeypatch.setattr(pt.utils, 'entry_points', entry_points)
+
+
+@pytest.fixture(scope='module')
+def tiny_bert(tmp_path_factory):
+    """A random 2-layer BERT with a word-level tokenizer (with a mask token), saved as a checkpoint."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+    path = tmp_path_factory.mktemp('tiny') / 'bert'
+    vocab = {w: i for i, w in enumerate(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + WORDS)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token='[UNK]'))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=64)).save_pretrained(path)
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token='[PAD]', unk_token='[UNK]', cls_token='[CLS]',
+                            sep_token='[SEP]', mask_token='[MASK]').save_pretrained(path)
+    return path
+
+
+def randomised(model):
+    """``model`` with every parameter drawn at random, so a round trip that dropped one would show."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, .2)
+    return model.eval()
+
+
+def make(kind: str, tiny_bert: Path):
+    """A model of ``kind`` with random weights, and a function of it whose output the round trip keeps."""
+    if kind == 'amer':
+        from transformers import LlamaConfig
+        from pyterrier_multiquery.amer import AMER
+        config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+        queries = np.random.default_rng(0).normal(size=(3, 8)).astype(np.float32)
+        return randomised(AMER.from_backbone(config, doc_dim=8, num_vectors=2, lora=False)), \
+            lambda m: m.encode(queries)
+    if kind == 'encoder_amer':
+        from pyterrier_multiquery.amer import AMER
+        return randomised(AMER.from_encoder(tiny_bert, num_vectors=2, train_encoder='full')), \
+            lambda m: m.encode(['who won the cup', 'which city'])
+    if kind == 'jpr':
+        from pyterrier_multiquery.jpr import JPRModel
+        model = randomised(JPRModel(str(tiny_bert), decoder_layers=1, decoder_heads=2, decoder_dropout=0.))
+
+        def scores(m):
+            memory = m.passages('who won the cup', ['the cup in year', 'which city', 'cats']).unsqueeze(0)
+            with torch.no_grad():
+                return m(memory, torch.tensor([[1]]), ranks=torch.tensor([[0, 1, 2]])).numpy()
+        return model, scores
+    from pyterrier_multiquery.diffretriever import DiffRetriever
+    encoder = DiffRetriever.from_pretrained(str(tiny_bert), k_query=2, k_doc=3, device='cpu')
+    randomised(encoder.backbone.model)
+    return encoder, lambda m: np.stack(m.encode_queries(['heart disease protein', 'cats']).embs)
+
+
+@pytest.mark.parametrize('kind', KINDS)
+def test_artifact_load_round_trip(kind, tiny_bert, tmp_path, declared_entry_points):
+    from pyterrier_multiquery import __version__
+    model, output = make(kind, tiny_bert)
+    assert model.path is pt.Artifact.NO_PATH
+    model.save_pretrained(tmp_path / 'model')
+    assert model.path == tmp_path / 'model'
+    meta = json.loads((tmp_path / 'model' / 'pt_meta.json').read_text())
+    assert (meta['type'], meta['format']) == (model.ARTIFACT_TYPE, 'hf')
+    assert meta['package_hint'] == 'pyterrier-multiquery' and meta['package_version'] == __version__
+    assert 'pt_meta.json' not in meta['files'] and all((tmp_path / 'model' / f).is_file() for f in meta['files'])
+    assert pt.inspect.artifact_type_format(model) == (model.ARTIFACT_TYPE, 'hf')
+    loaded = pt.Artifact.load(str(tmp_path / 'model'))
+    assert type(loaded) is type(model) and loaded.path == tmp_path / 'model'
+    np.testing.assert_array_equal(output(loaded), output(model))
+    np.testing.assert_array_equal(output(type(model).load(tmp_path / 'model')), output(model))
+
+
+def test_entry_points_name_the_types_of_their_classes():
+    for name, value in DECLARED.items():
+        target = importlib.metadata.EntryPoint(name, value, 'pyterrier.artifact').load()
+        cls = getattr(target, '__self__', target)  # a model's entry point is its `load`
+        assert name == f'{cls.ARTIFACT_TYPE}.{cls.ARTIFACT_FORMAT}'
+
+
+def weights_of(folder: Path) -> Path:
+    return next(p for p in sorted(folder.rglob('*')) if p.name in ('model.safetensors', 'decoder.pt'))
+
+
+CONFIGS = {'amer': 'amer_config.json', 'encoder_amer': 'amer_config.json', 'jpr': 'jpr_config.json',
+           'diffretriever': 'diffretriever.json'}
+
+
+@pytest.mark.parametrize('kind', KINDS)
+def test_damaged_folders_name_what_is_wrong(kind, tiny_bert, tmp_path, declared_entry_points):
+    model, _ = make(kind, tiny_bert)
+    model.save_pretrained(tmp_path / 'saved')
+    cls = type(model)
+
+    @contextlib.contextmanager
+    def copy():
+        shutil.copytree(tmp_path / 'saved', tmp_path / 'copy')
+        yield tmp_path / 'copy'
+        shutil.rmtree(tmp_path / 'copy')
+
+    with copy() as path:
+        weights = weights_of(path)
+        weights.unlink()
+        with pytest.raises(FileNotFoundError, match=f"missing .*{weights.name}"):
+            pt.Artifact.load(str(path))
+    with copy() as path:
+        weights = weights_of(path)
+        weights.write_bytes(weights.read_bytes()[:-10])
+        with pytest.raises(CorruptModelError, match=f'{weights.name}.* truncated or damaged'):
+            cls.load(path)
+    with copy() as path:
+        (path / CONFIGS[kind]).write_text('{"k_query": ')
+        with pytest.raises(CorruptModelError, match=f'{CONFIGS[kind]}.*(truncated|not valid JSON)'):
+            cls.from_pretrained(path)
+    with copy() as path:
+        (path / CONFIGS[kind]).unlink()
+        with pytest.raises(FileNotFoundError, match=f'missing .*{CONFIGS[kind]}'):
+            pt.Artifact.load(str(path))
+    with copy() as path:
+        (path / 'pt_meta.json').write_text('{"type": "amer_model", ')
+        with pytest.raises(CorruptModelError, match='pt_meta.json.* not valid JSON'):
+            cls.load(path)
+    with copy() as path:
+        meta = json.loads((path / 'pt_meta.json').read_text())
+        (path / 'pt_meta.json').write_text(json.dumps({**meta, 'type': 'dense_index', 'format': 'flex'}))
+        with pytest.raises(ValueError, match=f'holds a dense_index.flex artifact, not a {cls.__name__}'):
+            cls.load(path)
+        if kind != 'diffretriever':  # a DiffRetriever takes any checkpoint as its backbone
+            with pytest.raises(ValueError, match='holds a dense_index.flex artifact'):
+                cls.from_pretrained(path)
+    with copy() as path:
+        (path / 'pt_meta.json').unlink()
+        with pytest.raises(FileNotFoundError, match='no pt_meta.json'):
+            cls.load(path)
+        assert cls.from_pretrained(path).path == path  # saved before models had pt_meta.json: loads unchecked
+
+
+def test_to_hf_and_from_hf_move_a_model_through_a_package(tiny_bert, tmp_path, monkeypatch, declared_entry_points):
+    """``to_hf`` packages the folder and ``from_hf`` unpacks it, with the hub replaced by a folder (offline)."""
+    import huggingface_hub
+    hub = tmp_path / 'hub'
+    monkeypatch.setenv('PYTERRIER_HOME', str(tmp_path / 'pyterrier_home'))
+    monkeypatch.setenv('HF_TOKEN', '')
+    for name in ('create_repo', 'update_repo_visibility', 'create_branch'):
+        monkeypatch.setattr(huggingface_hub, name, lambda *args, **kwargs: None, raising=False)
+    monkeypatch.setattr(huggingface_hub, 'upload_folder', lambda repo_id, folder_path, revision, **kwargs:
+                        shutil.copytree(folder_path, hub / repo_id / revision))
+
+    @contextlib.contextmanager
+    def download_stream(url, **kwargs):
+        prefix = 'https://huggingface.co/datasets/'
+        repo, file = url[len(prefix):].split('/resolve/')
+        with open(hub / repo / file, 'rb') as fin:
+            yield fin
+    monkeypatch.setattr(pt.io, 'download_stream', download_stream)
+    model, output = make('jpr', tiny_bert)
+    with pytest.raises(AssertionError, match='without a path'):
+        model.to_hf('someone/jpr')
+    model.save_pretrained(tmp_path / 'model')
+    model.to_hf('someone/jpr', branch='v1')
+    loaded = pt.Artifact.from_hf('someone/jpr', 'v1')
+    assert type(loaded) is type(model)
+    np.testing.assert_array_equal(output(loaded), output(model))
+
+
+def test_a_trained_model_loads_into_its_transformer(tiny_bert, tmp_path, declared_entry_points):
+    from pyterrier_multiquery.jpr import JPR
+    model, _ = make('jpr', tiny_bert)
+    model.save_pretrained(tmp_path / 'jpr')
+    frame = pd.DataFrame({'qid': '1', 'query': 'who won the cup', 'docno': ['a', 'b', 'c'],
+                          'text': ['the cup in year', 'which city', 'cats'], 'score': [3., 2., 1.]})
+    expected = JPR(model, k=2, num_candidates=3, device='cpu')(frame)
+    pd.testing.assert_frame_equal(JPR(pt.Artifact.load(str(tmp_path / 'jpr')), k=2, num_candidates=3,
+                                      device='cpu')(frame), expected)
