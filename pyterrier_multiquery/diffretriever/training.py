@@ -3,9 +3,11 @@ with a hard negative per query and the other queries' documents as in-batch nega
 import random
 from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
 import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
+from pyterrier_multiquery.training.distributed import Share
 from pyterrier_multiquery.training.losses import in_batch_infonce
 
 #: The paper's LoRA settings: rank 16, alpha 64, on every linear projection of the attention and MLP blocks.
@@ -47,25 +49,44 @@ def _sparse(logits, content: List[List[int]]):
 
 def contrastive_loss(encoder, triples: Sequence[Tuple[str, str, str]], *, mode: str = 'maxsim',
                      dense_tau: float = 0.01, sparse_tau: float = 1.0, sparse: bool = True):
-    """The loss of one batch of ``(query, positive, hard negative)`` triples.
+    """The loss of one batch of ``(query, positive, hard negative)`` triples: the mean of :func:`query_losses`.
 
-    Candidates of query ``i`` are all positives and hard negatives of the batch; its positive is candidate ``i``.
     ``encoder`` is a :class:`DiffRetriever` (dense ``mode`` ``maxsim`` or ``mean``, plus the sparse term when
     ``sparse``) or a :class:`DiffEmbed` (mean-pooled vectors, dense term only).
     """
+    every = np.arange(len(triples))
+    return query_losses(encoder, triples, Share(every, every, lambda rows: rows), mode=mode, dense_tau=dense_tau,
+                        sparse_tau=sparse_tau, sparse=sparse).mean()
+
+
+def query_losses(encoder, triples: Sequence[Tuple[str, str, str]], share: Share, *, mode: str = 'maxsim',
+                 dense_tau: float = 0.01, sparse_tau: float = 1.0, sparse: bool = True):
+    """The losses of the ``share.local`` triples' queries, ``(len(share.local),)``.
+
+    Candidates of a query are all positives, then all hard negatives, of the (micro-)batch ``share.batch`` (the
+    other processes' rows gathered); its positive is its own.
+    """
+    with requires('dense'):
+        import torch
     from pyterrier_multiquery.diffretriever.reference_encoders import DiffEmbed
-    queries = [t[0] for t in triples]
-    docs = [t[1] for t in triples] + [t[2] for t in triples]
+    local = [triples[i] for i in share.local]
+    positives = share.local - share.batch[0]
+    queries, docs = [t[0] for t in local], [t[1] for t in local] + [t[2] for t in local]
+
+    def candidates(rows):  # the local positives' rows, then the local negatives'
+        return torch.cat([share.gather(rows[:len(local)]), share.gather(rows[len(local):])])
+
     if isinstance(encoder, DiffEmbed):
-        q, d = encoder.pooled(queries), encoder.pooled(docs)
-        return in_batch_infonce(q @ d.T, dense_tau)
+        q, d = encoder.pooled(queries), candidates(encoder.pooled(docs))
+        return in_batch_infonce(q @ d.T, dense_tau, positives, reduction='none')
     q_hidden, q_logits, q_content = _forward(encoder, queries, encoder.k_query, 'query')
     d_hidden, d_logits, d_content = _forward(encoder, docs, encoder.k_doc, 'doc')
-    loss = in_batch_infonce(dense_scores(q_hidden, d_hidden, mode), dense_tau)
+    losses = in_batch_infonce(dense_scores(q_hidden, candidates(d_hidden), mode), dense_tau, positives,
+                              reduction='none')
     if sparse:
-        q_sparse, d_sparse = _sparse(q_logits, q_content), _sparse(d_logits, d_content)
-        loss = loss + in_batch_infonce(q_sparse @ d_sparse.T, sparse_tau)
-    return loss
+        q_sparse, d_sparse = _sparse(q_logits, q_content), candidates(_sparse(d_logits, d_content))
+        losses = losses + in_batch_infonce(q_sparse @ d_sparse.T, sparse_tau, positives, reduction='none')
+    return losses
 
 
 def _forward(encoder, texts, k, side):
@@ -78,14 +99,19 @@ def _forward(encoder, texts, k, side):
 
 def contrastive_train(encoder, triples: Sequence[Tuple[str, str, str]], *, mode: str = 'maxsim', sparse: bool = True,
                       lora: bool = True, epochs: int = 1, batch_size: int = 8, lr: float = 1e-4,
-                      max_steps: Optional[int] = None, seed: int = 0, verbose: bool = False) -> List[float]:
+                      max_steps: Optional[int] = None, seed: int = 0, mixed_precision: Optional[str] = None,
+                      gradient_accumulation_steps: int = 1, verbose: bool = False) -> List[float]:
     """Fine-tunes ``encoder`` (DiffRetriever or DiffEmbed) in place with AdamW; returns the loss of every step.
 
     ``lora=True`` adds the paper's LoRA adapters through peft (r 16, alpha 64); ``lora=False`` trains every weight
     (full fine-tuning, for small backbones). Save with ``encoder.save_pretrained`` (adapters merged).
+    ``batch_size`` triples make one step over all processes: under ``accelerate launch`` the processes share each
+    batch (see :mod:`~pyterrier_multiquery.training.distributed`), and ``mixed_precision`` (None: the launch's
+    setting) and ``gradient_accumulation_steps`` (micro-batches per batch) go to accelerate.
     """
     with requires('dense'):
         import torch
+    from pyterrier_multiquery.training.distributed import DataParallel
     if not triples:
         raise ValueError('contrastive_train needs at least one (query, positive, negative) triple')
     if lora:
@@ -93,6 +119,9 @@ def contrastive_train(encoder, triples: Sequence[Tuple[str, str, str]], *, mode:
     model = encoder.backbone.model
     model.train()
     optimiser = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    parallel = DataParallel(model, optimiser, mixed_precision=mixed_precision,
+                            gradient_accumulation_steps=gradient_accumulation_steps)
+    encoder.device = str(parallel.device)
     rng = random.Random(seed)
     losses = []
     for _ in range(epochs):
@@ -102,10 +131,8 @@ def contrastive_train(encoder, triples: Sequence[Tuple[str, str, str]], *, mode:
         for start in (pt.tqdm(starts, desc='training', unit='batch') if verbose else starts):
             if max_steps is not None and len(losses) >= max_steps:
                 break
-            loss = contrastive_loss(encoder, order[start:start + batch_size], mode=mode, sparse=sparse)
-            optimiser.zero_grad()
-            loss.backward()
-            optimiser.step()
-            losses.append(loss.item())
+            batch = order[start:start + batch_size]
+            losses.append(parallel.step(len(batch), lambda share, batch=batch: query_losses(
+                encoder, batch, share, mode=mode, sparse=sparse).sum()))
     model.eval()
     return losses

@@ -10,6 +10,7 @@ from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.jpr.model import JPRModel, PassageEncoder
 from pyterrier_multiquery.jpr.oracle import greedy_answer_cover, gumbel_top_k
 from pyterrier_multiquery.jpr.reranker import index_order
+from pyterrier_multiquery.training.distributed import DataParallel
 
 with requires('dense'):
     import torch
@@ -44,11 +45,15 @@ class JPRTrainer:
       passage of that order (the ablation).
     - ``'independent'``: IndepPR, one step whose targets are all answer-bearing passages,
       loss ``-mean_p log P(p)``.
+
+    Under ``accelerate launch`` the processes share each batch (see :mod:`~pyterrier_multiquery.training.distributed`)
+    and train the same model as one process would.
     """
 
     def __init__(self, model: JPRModel, *, mode: str = 'dynamic_oracle', k: int = 10, gamma: float = 1.0,
                  train_candidates: int = 5, learning_rate: float = 1e-3, epochs: int = 10, batch_size: int = 16,
-                 shuffle: bool = True, seed: int = 0, verbose: bool = True):
+                 shuffle: bool = True, seed: int = 0, mixed_precision: Optional[str] = None,
+                 gradient_accumulation_steps: int = 1, verbose: bool = True):
         """
         Args:
             model: The model to train.
@@ -58,10 +63,12 @@ class JPRTrainer:
             train_candidates: Candidates per question in one training example.
             learning_rate: AdamW learning rate.
             epochs: Passes over the questions.
-            batch_size: Questions per optimiser step.
+            batch_size: Questions per optimiser step (over all processes).
             shuffle: Whether to put each example's candidates in a random order first (give them in a random
                 order yourself otherwise, e.g. :func:`~pyterrier_multiquery.jpr.reranker.index_order`'s).
             seed: Seed of the candidate, order and negative sampling.
+            mixed_precision: ``'no'``, ``'fp16'``, ``'bf16'``; None takes ``accelerate launch``'s setting.
+            gradient_accumulation_steps: Micro-batches per batch (one backward each).
             verbose: Whether to show progress.
         """
         if mode not in MODES:
@@ -81,6 +88,8 @@ class JPRTrainer:
         self.verbose = verbose
         self.rng = np.random.default_rng(seed)
         self.optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=learning_rate)
+        self.parallel = DataParallel(model, self.optimizer, mixed_precision=mixed_precision,
+                                     gradient_accumulation_steps=gradient_accumulation_steps)
 
     def fit(self, examples: Sequence[JPRExample]) -> List[float]:
         """Trains for ``epochs`` passes; returns the mean loss of each epoch."""
@@ -116,35 +125,53 @@ class JPRTrainer:
     def step(self, batch: Sequence[JPRExample]) -> float:
         """One optimiser step on ``batch``; returns its loss."""
         self.model.train()
-        loss = self.loss(batch)
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
-        return float(loss.detach())
+        drawn = self.draw(batch)
+        steps = sum(int(t.any(-1).sum()) for t in drawn['targets'])
+        return self.parallel.step(len(batch), lambda share: self.step_losses(drawn, share.local).sum(), steps)
 
     def loss(self, batch: Sequence[JPRExample]) -> torch.Tensor:
-        """The training loss of ``batch``, with freshly sampled subsets, orders and prefixes."""
+        """The training loss of ``batch``, with freshly sampled subsets, orders and prefixes: the mean over the
+        steps that have a target."""
+        return self.step_losses(self.draw(batch), np.arange(len(batch))).mean()
+
+    def draw(self, batch: Sequence[JPRExample]) -> dict:
+        """A batch with its random choices made: each example's candidate subset, prefix and targets (a boolean
+        (steps + 1, candidates) array per example: the positives of the step after each prefix)."""
         subsets = [self.subset(e) for e in batch]
-        memory, mask, ranks = self.memory(batch, subsets)
         answers = [[batch[b].answers[i] for i in subset] for b, subset in enumerate(subsets)]
         prior = None
         if self.mode == 'dynamic_oracle':
             with torch.no_grad():
+                memory, mask, ranks = self.memory(batch, subsets)
                 empty = torch.zeros(len(batch), 0, dtype=torch.long, device=memory.device)
                 prior = self.model(memory, empty, mask, ranks)[:, 0].cpu().numpy()
         prefixes, targets = zip(*[self.targets(a, None if prior is None else prior[b]) for b, a in enumerate(answers)])
+        width = max(len(s) for s in subsets)
+        masks = []
+        for p, t in zip(prefixes, targets):
+            target = np.zeros((len(p) + 1, width), dtype=bool)
+            for step, positives in enumerate(t):
+                target[step, positives] = True
+            masks.append(target)
+        return {'batch': batch, 'subsets': subsets, 'prefixes': prefixes, 'targets': masks}
+
+    def step_losses(self, drawn: dict, positions: np.ndarray) -> torch.Tensor:
+        """The losses of every step with a target of the examples at ``positions`` of a batch from :meth:`draw`."""
+        batch = [drawn['batch'][i] for i in positions]
+        memory, mask, ranks = self.memory(batch, [drawn['subsets'][i] for i in positions])
+        prefixes = [drawn['prefixes'][i] for i in positions]
         steps = max(len(p) for p in prefixes)
         prefix = torch.full((len(batch), steps), -1, dtype=torch.long, device=memory.device)
         target = torch.zeros(len(batch), steps + 1, memory.shape[1], dtype=torch.bool, device=memory.device)
-        for b, (p, t) in enumerate(zip(prefixes, targets)):
+        for b, (p, i) in enumerate(zip(prefixes, positions)):
             prefix[b, :len(p)] = torch.tensor(p, dtype=torch.long)
-            for step, positives in enumerate(t):
-                target[b, step, positives] = True
+            example_target = torch.as_tensor(drawn['targets'][i], device=memory.device)
+            target[b, :len(example_target), :example_target.shape[1]] = example_target[:, :memory.shape[1]]
         used = target.any(-1)  # steps after the last positive have nothing to learn
         log_probs, target = self.model(memory, prefix, mask, ranks)[used], target[used]
         if self.mode == 'independent':
-            return -(log_probs.masked_fill(~target, 0.).sum(-1) / target.sum(-1)).mean()
-        return -log_probs.masked_fill(~target, float('-inf')).logsumexp(-1).mean()
+            return -(log_probs.masked_fill(~target, 0.).sum(-1) / target.sum(-1))
+        return -log_probs.masked_fill(~target, float('-inf')).logsumexp(-1)
 
     def subset(self, example: JPRExample) -> List[int]:
         """Candidate positions for one example: its cover first, others at random, then shuffled."""

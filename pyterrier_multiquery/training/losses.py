@@ -43,17 +43,23 @@ def matched_infonce(predictions, candidates, gold, temperature: float = 0.05) ->
     return costs[rows, cols].mean(), torch.stack([rows, cols], dim=1)
 
 
-def in_batch_infonce(scores, temperature: float) -> 'torch.Tensor':
+def in_batch_infonce(scores, temperature: float, positives=None, reduction: str = 'mean') -> 'torch.Tensor':
     """InfoNCE over a batch's candidates: row ``i`` of ``scores`` (queries by candidates) has its positive in
-    column ``i``.
+    column ``positives[i]`` (default: column ``i``).
 
     Args:
-        scores: ``(B, C)`` similarities, ``C >= B`` (the batch's positives first, then any further negatives).
+        scores: ``(B, C)`` similarities (by default ``C >= B``: the batch's positives first, then any further
+            negatives).
         temperature: Softmax temperature.
+        positives: ``(B,)`` column of each row's positive.
+        reduction: ``'mean'`` over the rows, or ``'none'`` for each row's loss.
     """
     with requires('dense'):
         import torch
         import torch.nn.functional as F
-    if scores.ndim != 2 or scores.shape[1] < scores.shape[0]:
-        raise ValueError(f'scores must be (B, C) with C >= B, got {tuple(scores.shape)}')
-    return F.cross_entropy(scores / temperature, torch.arange(len(scores), device=scores.device))
+    if positives is None:
+        if scores.ndim != 2 or scores.shape[1] < scores.shape[0]:
+            raise ValueError(f'scores must be (B, C) with C >= B, got {tuple(scores.shape)}')
+        positives = torch.arange(len(scores), device=scores.device)
+    return F.cross_entropy(scores / temperature, torch.as_tensor(positives, device=scores.device),
+                           reduction=reduction)

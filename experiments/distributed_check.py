@@ -1,0 +1,151 @@
+"""Do the trainers train the same model under ``accelerate launch`` as in one process?
+
+Trains tiny random models with every trainer (AMERTrainer, JPRTrainer, contrastive_train, train_bi_encoder) once in
+one process and once under ``accelerate launch --multi_gpu --num_processes N`` on the CPU, on the same examples at
+the same global batch, and prints per trainer the largest absolute difference of the trained weights and both wall
+times (of the training alone, and of the whole run with start-up). Exits 1 when a difference exceeds ``--atol``.
+
+    python experiments/distributed_check.py --out /tmp/distributed_check
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+TRAINERS = ('AMERTrainer', 'JPRTrainer', 'contrastive_train', 'train_bi_encoder')
+WORDS = ['who', 'won', 'the', 'cup', 'in', 'year', 'which', 'city', 'cats', 'heart', 'disease', 'protein', 'dogs',
+         'brazil', 'france', 'italy']
+
+
+def tiny_bert(path: Path) -> Path:
+    """A random 2-layer BERT without dropout (so every process computes the same), with a masked-LM head and a
+    word-level tokenizer."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerFast
+    vocab = {w: i for i, w in enumerate(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + WORDS)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token='[UNK]'))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                               intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=0.,
+                               attention_probs_dropout_prob=0.)).save_pretrained(path)
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token='[PAD]', unk_token='[UNK]', cls_token='[CLS]',
+                            sep_token='[SEP]', mask_token='[MASK]').save_pretrained(path)
+    return path
+
+
+def texts(count: int, length: int, seed: int):
+    rng = np.random.default_rng(seed)
+    return [' '.join(rng.choice(WORDS, length)) + f' {i}' for i in range(count)]
+
+
+def train(trainer: str, bert: Path, out: Path) -> dict:
+    """Trains a tiny model with ``trainer``; returns its weights (by parameter name) and the training's wall time."""
+    import torch
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    if trainer == 'AMERTrainer':
+        from transformers import LlamaConfig
+        from pyterrier_multiquery.amer import AMER, AMERTrainer, make_task
+        config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+        model = AMER.from_backbone(config, doc_dim=8, num_vectors=2, lora=False)
+        task = make_task('multi', 'linear', dim=8, train_size=16, test_size=1, negatives=16, seed=0)
+        AMERTrainer(model, epochs=2, batch_size=8, negatives=8, learning_rate=1e-2, verbose=False).fit(
+            task.train_queries, list(task.train_targets), task.corpus)
+        weights = model.state_dict()
+    elif trainer == 'JPRTrainer':
+        from pyterrier_multiquery.jpr import JPRModel, JPRTrainer
+        from pyterrier_multiquery.jpr.training import JPRExample
+        model = JPRModel(str(bert), decoder_layers=1, decoder_heads=2, decoder_dropout=0.)
+        rng = np.random.default_rng(0)
+        examples = [JPRExample(question, texts(6, 4, i), [{a} if rng.random() < .4 else set() for a in range(6)],
+                               list(range(6))) for i, question in enumerate(texts(16, 3, 100))]
+        JPRTrainer(model, k=3, epochs=2, batch_size=8, train_candidates=4, learning_rate=1e-2,
+                   verbose=False).fit(examples)
+        weights = {k: v for k, v in model.state_dict().items() if not k.startswith('passages.')}
+    elif trainer == 'contrastive_train':
+        from pyterrier_multiquery.diffretriever import DiffRetriever, contrastive_train
+        encoder = DiffRetriever.from_pretrained(str(bert), k_query=2, k_doc=2, device='cpu')
+        triples = list(zip(texts(16, 3, 1), texts(16, 6, 2), texts(16, 6, 3)))
+        contrastive_train(encoder, triples, lora=False, epochs=2, batch_size=8, lr=1e-3)
+        weights = encoder.backbone.model.state_dict()
+    else:
+        import pandas as pd
+        from sentence_transformers import SentenceTransformer
+        from pyterrier_multiquery.cdp.training import train_bi_encoder
+        pairs = pd.DataFrame({'query': texts(16, 3, 4), 'text': texts(16, 6, 5)})
+        train_bi_encoder(pairs, bert, out / 'bi_encoder', epochs=2, batch_size=8, learning_rate=1e-3)
+        weights = SentenceTransformer(str(out / 'bi_encoder'), device='cpu').state_dict()
+    return {'weights': {k: v.detach().float().cpu().numpy() for k, v in weights.items()},
+            'seconds': time.perf_counter() - start}
+
+
+def worker(bert: Path, out: Path) -> None:
+    """Trains with every trainer in this process (one of several under ``accelerate launch``); the main process
+    writes ``<trainer>.npz`` and ``seconds.json`` to ``out``."""
+    from accelerate import PartialState
+    out.mkdir(parents=True, exist_ok=True)
+    seconds = {}
+    for trainer in TRAINERS:
+        result = train(trainer, bert, out)
+        seconds[trainer] = result['seconds']
+        if PartialState().is_main_process:
+            np.savez(out / f'{trainer}.npz', **result['weights'])
+    if PartialState().is_main_process:
+        (out / 'seconds.json').write_text(json.dumps({'processes': PartialState().num_processes, **seconds}))
+
+
+def run(command, out: Path, **env) -> float:
+    start = time.perf_counter()
+    # the package of this checkout, whichever one is installed
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'MKL_NUM_THREADS': '1', 'TOKENIZERS_PARALLELISM': 'false',
+           'PYTHONPATH': os.pathsep.join([root] + [p for p in [os.environ.get('PYTHONPATH')] if p]), **env}
+    subprocess.run(command + ['--worker', str(out)], check=True, env=env)
+    return time.perf_counter() - start
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--out', type=Path, required=True, help='folder for the tiny backbone and trained weights')
+    parser.add_argument('--processes', type=int, default=2)
+    parser.add_argument('--atol', type=float, default=1e-5)
+    parser.add_argument('--worker', type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    bert = args.out / 'bert'
+    if args.worker:
+        worker(bert, args.worker)
+        return 0
+    tiny_bert(bert)
+    script = [str(Path(__file__).resolve()), '--out', str(args.out)]
+    one = run([sys.executable] + script, args.out / 'one')
+    # `accelerate launch --cpu` starts several processes only through mpirun; torchrun's launcher (--multi_gpu)
+    # with ACCELERATE_USE_CPU starts them on the CPU, with gloo
+    launched = run([sys.executable, '-m', 'accelerate.commands.launch', '--multi_gpu', '--num_processes',
+                    str(args.processes), '--num_machines', '1', '--mixed_precision', 'no', '--dynamo_backend', 'no']
+                   + script, args.out / 'launched', ACCELERATE_USE_CPU='true')
+    times = {name: json.loads((args.out / name / 'seconds.json').read_text()) for name in ('one', 'launched')}
+    if times['launched']['processes'] != args.processes:
+        raise RuntimeError(f'accelerate launch ran {times["launched"]["processes"]} processes, not {args.processes}')
+    print(f'{"trainer":<18} {"max |w1 - wN|":>14} {"1 process s":>12} {"N processes s":>14}   (N = {args.processes})')
+    worst = 0.
+    for trainer in TRAINERS:
+        a, b = np.load(args.out / 'one' / f'{trainer}.npz'), np.load(args.out / 'launched' / f'{trainer}.npz')
+        if sorted(a.files) != sorted(b.files):
+            raise ValueError(f'{trainer}: the runs saved different parameters')
+        diff = max(float(np.abs(a[k] - b[k]).max()) for k in a.files)
+        worst = max(worst, diff)
+        print(f'{trainer:<18} {diff:>14.2e} {times["one"][trainer]:>12.1f} {times["launched"][trainer]:>14.1f}')
+    print(f'whole runs with start-up: 1 process {one:.1f} s, {args.processes} processes {launched:.1f} s')
+    return int(worst > args.atol)
+
+
+if __name__ == '__main__':
+    sys.exit(main())
