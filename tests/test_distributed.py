@@ -1,5 +1,6 @@
 """Every trainer trains the same weights under ``accelerate launch`` (2 CPU processes) as in one process, after the
-same samples at the same global batch (experiments/distributed_check.py does the runs)."""
+same samples at the same global batch, to 1e-5, or for contrastive_train to within its float32 rounding (see
+experiments/distributed_check.py, which does the runs)."""
 import re
 import subprocess
 import sys
@@ -14,21 +15,19 @@ ATOL = 1e-5
 
 @pytest.fixture(scope='module')
 def differences(tmp_path_factory):
-    """The largest weight difference per trainer, from one run of the check."""
+    """The largest weight difference and its tolerance per trainer, from one run of the check."""
     out = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'distributed_check.py'), '--out',
                           str(tmp_path_factory.mktemp('distributed')), '--atol', str(ATOL)],
                          capture_output=True, text=True)
-    rows = dict(re.findall(r'^(\w+)\s+([0-9.e+-]+)\s+[0-9.]+\s+[0-9.]+$', out.stdout, re.M))
+    rows = re.findall(r'^(\w+)\s+([0-9.e+-]+)\s+([0-9.e+-]+)\s+[0-9.]+\s+[0-9.]+$', out.stdout, re.M)
     assert rows, out.stdout + out.stderr
-    return {trainer: float(diff) for trainer, diff in rows.items()}
+    return {trainer: (float(diff), float(tolerance)) for trainer, diff, tolerance in rows}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('trainer', [
-    'AMERTrainer',
-    pytest.param('JPRTrainer', marks=pytest.mark.xfail(strict=True, reason='differs by about 2e-3: not found yet')),
-    pytest.param('contrastive_train', marks=pytest.mark.xfail(strict=True,
-                                                              reason='differs by about 2e-4: not found yet')),
-    'train_bi_encoder'])
+@pytest.mark.parametrize('trainer', ['AMERTrainer', 'JPRTrainer', 'contrastive_train', 'train_bi_encoder'])
 def test_two_processes_train_the_weights_of_one(differences, trainer):
-    assert differences[trainer] <= ATOL
+    diff, tolerance = differences[trainer]
+    # contrastive_train's tolerance is twice its one-process float32 run's distance from float64 (4.5e-4 when
+    # measured, against a difference of 2.3e-4); it must stay below the learning rate (1e-3), an Adam step's size
+    assert diff <= tolerance <= (ATOL if trainer != 'contrastive_train' else 1e-3)
