@@ -140,12 +140,6 @@ class JPRModel(nn.Module, SavedModel):
         self.positions = nn.Embedding(max_steps + 1, width)
         self.query_head = nn.Linear(width, width)
         self.key_head = nn.Linear(width, width)
-        # A bias of the keys adds the same q . b to every logit of a softmax row, which the softmax ignores: its
-        # true gradient is zero, and Adam would turn the rounding noise it gets instead into updates as large as
-        # the learning rate (which differ between one process and several). The pointer's stays at zero, out of
-        # training; for the decoder's attention (whose key bias is a third of a parameter) see drop_inert_gradients.
-        nn.init.zeros_(self.key_head.bias)
-        self.key_head.bias.requires_grad_(False)
         self.prior = prior
         if prior:
             nn.init.zeros_(self.query_head.weight)
@@ -155,17 +149,6 @@ class JPRModel(nn.Module, SavedModel):
     def trainable_parameters(self):
         """The decoder's parameters, and the encoder's when it is not frozen."""
         return [p for p in self.parameters() if p.requires_grad]
-
-    def drop_inert_gradients(self) -> None:
-        """Zeroes the gradients of the decoder attention's key biases (the middle third of each ``in_proj_bias``).
-
-        They shift every logit of a softmax row alike, so their true gradient is zero; a trainer calls this before
-        each optimiser step so that Adam does not train them on rounding noise (they start at zero and stay there).
-        """
-        for attention in self.decoder.modules():
-            if isinstance(attention, nn.MultiheadAttention) and attention.in_proj_bias is not None \
-                    and attention.in_proj_bias.grad is not None:
-                attention.in_proj_bias.grad[attention.embed_dim:2 * attention.embed_dim] = 0.
 
     def forward(self, memory, prefix, memory_mask=None, ranks=None):
         """Log-probabilities of the next passage after each prefix of ``prefix``.

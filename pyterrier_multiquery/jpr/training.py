@@ -88,7 +88,6 @@ class JPRTrainer:
         self.verbose = verbose
         self.rng = np.random.default_rng(seed)
         self.optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=learning_rate)
-        self.optimizer.register_step_pre_hook(lambda *_: model.drop_inert_gradients())
         self.parallel = DataParallel(model, self.optimizer, mixed_precision=mixed_precision,
                                      gradient_accumulation_steps=gradient_accumulation_steps)
 
