@@ -1,6 +1,7 @@
 """Every trainer trains the same weights under ``accelerate launch`` (2 CPU processes) as in one process, after the
-same samples at the same global batch, to 1e-5, or for contrastive_train to within its float32 rounding (see
-experiments/distributed_check.py, which does the runs)."""
+same samples at the same global batch, to 1e-5 (JPR: but for its key biases, which its output does not depend on),
+or for contrastive_train to within its float32 rounding (see experiments/distributed_check.py, which does the
+runs)."""
 import re
 import subprocess
 import sys
