@@ -9,7 +9,7 @@ import pyterrier as pt
 import pytest
 from ir_measures import AP
 
-from pyterrier_multiquery.baselines import pisa_bm25
+from pyterrier_multiquery.baselines import lucene_bm25, pisa_bm25
 from pyterrier_multiquery.loaders import load_dataset
 from pyterrier_multiquery.lucene import LuceneIndex, LuceneRetriever, find_java_home, java_version
 
@@ -105,7 +105,7 @@ def test_vaswani_bm25_matches_pisa(data_dir, tmp_path):
     """Lucene's BM25 (Porter, Terrier's stopwords) against PISA's (Porter2, Terrier's stopwords): MAP within 0.01."""
     dataset = load_dataset(data_dir / 'vaswani')
     pisa = pisa_bm25(tmp_path / 'pisa', lambda: dataset.get_corpus_iter(verbose=False))
-    lucene = LuceneIndex(tmp_path / 'lucene').indexer().index(dataset.get_corpus_iter(verbose=False)).bm25()
+    lucene = lucene_bm25(tmp_path / 'lucene', lambda: dataset.get_corpus_iter(verbose=False))
     topics = dataset.get_topics()
     run = lucene(topics)
     assert list(run.columns[:5]) == ['qid', 'query', 'docno', 'score', 'rank']
@@ -123,7 +123,7 @@ def test_diffretriever_sparse_ranking_same_through_pisa_and_lucene(data_dir, tmp
     PISA's float query weights and Lucene's integer ones: scores equal, and the same top 10 (ties by docno)."""
     pytest.importorskip('torch')
     transformers = pytest.importorskip('transformers')
-    from pyterrier_multiquery.diffretriever import DiffRetriever, sparse_index
+    from pyterrier_multiquery.diffretriever import DiffRetriever, lucene_sparse_index, sparse_index
     from pyterrier_multiquery.diffretriever.encoder import MaskedBackbone
     from test_diffretriever import SPECIAL, tiny_bert
 
@@ -143,7 +143,7 @@ def test_diffretriever_sparse_ranking_same_through_pisa_and_lucene(data_dir, tmp
     queries['query_toks'] = [{t: round(4 * w) / 4 for t, w in toks.items() if round(4 * w)}
                              for toks in queries['query_toks']]
     pisa = sparse_index(tmp_path / 'pisa', docs).quantized(num_results=1000)(queries)
-    lucene = LuceneIndex(tmp_path / 'lucene').toks_indexer().index(docs).impact(num_results=1000)(queries)
+    lucene = lucene_sparse_index(tmp_path / 'lucene', docs).impact(num_results=1000)(queries)
     print(f'{len(corpus)} documents, {len(topics)} queries: {len(pisa)} results from PISA, {len(lucene)} from Lucene')
     assert len(lucene) == len(pisa) > 10 * len(topics)
 
