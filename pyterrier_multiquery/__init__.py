@@ -19,6 +19,8 @@ _ATTRIBUTES = {
     'MMR': 'baselines',
     'minilm': 'baselines',
     'pisa_bm25': 'baselines',
+    'lucene_bm25': 'baselines',
+    'LuceneIndex': 'lucene',
     'flex_index': 'baselines',
     'target_distances': 'analysis',
     'distance_quartiles': 'analysis',

@@ -1,4 +1,5 @@
-"""Baseline pipeline stages: BM25 (PISA), single-vector dense retrieval (pyterrier_dr) and MMR re-ranking."""
+"""Baseline pipeline stages: BM25 (PISA, or Lucene through pyserini), single-vector dense retrieval (pyterrier_dr)
+and MMR re-ranking."""
 from pathlib import Path
 from typing import Callable, Iterable, Union
 
@@ -25,6 +26,23 @@ def pisa_bm25(path: PathLike, corpus: Callable[[], Iterable[dict]], *, num_resul
     from pyterrier_pisa import PisaIndex
     build_once(path, lambda tmp: PisaIndex(tmp, text_field='text').index(corpus()))
     return PisaIndex(str(path), text_field='text').bm25(num_results=num_results, **bm25_args)
+
+
+def lucene_bm25(path: PathLike, corpus: Callable[[], Iterable[dict]], *, num_results: int = 1000,
+                **bm25_args) -> pt.Transformer:
+    """BM25 over a Lucene index of the ``text`` field (pyserini, Java 21+), built at ``path`` the first time.
+
+    Args:
+        path: The index folder.
+        corpus: Returns an iterable of ``{'docno', 'text'}`` dicts (called only when the index is built).
+        num_results: Number of results per query.
+        bm25_args: Passed to :meth:`pyterrier_multiquery.lucene.LuceneIndex.bm25` (``k1``, ``b``, ...).
+    """
+    from pyterrier_multiquery.lucene import LuceneIndex
+    index = LuceneIndex(path)
+    if not index.built():
+        index.index(corpus())
+    return index.bm25(num_results=num_results, **bm25_args)
 
 
 def minilm(*, batch_size: int = 64, verbose: bool = False, device=None) -> pt.Transformer:

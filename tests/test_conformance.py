@@ -17,6 +17,8 @@ import pytest
 import pyterrier_multiquery as pm
 from pyterrier_multiquery.generation import CachedGenerator, KeywordExpansion, QueryGenerator, TextGenerator
 from pyterrier_multiquery.loaders import BeirDataset, TrecDataset, load_dataset
+from pyterrier_multiquery.lucene import LuceneIndex, LuceneRetriever
+from test_lucene import ANSERINI_MISSING
 
 WORDS = ['who', 'won', 'the', 'cup', 'brazil', 'france', 'in', 'year', 'city', 'question', 'index', 'passage', ':',
          '0', '1', '2', '3', '4', '5', '"', '.']
@@ -65,6 +67,15 @@ class Resources:
         (path / 'queries.jsonl').write_text('{"_id": "q1", "text": "who won"}\n')
         (path / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\nq1\td0\t1\n')
         return load_dataset(path)
+
+    @functools.cached_property
+    def lucene_text(self) -> LuceneIndex:
+        return LuceneIndex(self.folder / 'text.lucene').index(documents())
+
+    @functools.cached_property
+    def lucene_toks(self) -> LuceneIndex:
+        toks = [{'brazil': 1.5, 'cup': 0.5}, {'france': 2., 'year': 0.25, 'cup': 0.1}]
+        return LuceneIndex(self.folder / 'toks.lucene').toks_indexer().index(documents().assign(toks=toks))
 
     @functools.cached_property
     def bert(self) -> str:
@@ -147,6 +158,10 @@ def results(n: int = 5, **columns) -> pd.DataFrame:
     return frame.assign(**{name: list(values) * 2 for name, values in columns.items()})
 
 
+def toks_queries() -> pd.DataFrame:
+    return queries().assign(query_toks=[{'cup': 1., 'brazil': 0.5}, {'year': 2., 'france': 1., 'cup': 3.}])
+
+
 def maxsim_scorer_sample():
     docs = ['d0', 'd1', 'd2', 'd3']
     embs = queries(True)['query_embs']
@@ -177,6 +192,13 @@ CASES: Dict[str, Callable[[Resources], Case]] = {
     'MultiQueryRetriever': lambda r: Case(
         lambda **kw: r.index.multiquery_retriever(**{'num_results': 4, **kw}), {'merge': 'rrf'},
         [['qid', 'query_embs']], ['qid', 'docno', 'score', 'rank'], queries(True), cutoff='num_results'),
+    'LuceneRetriever': lambda r: Case(
+        lambda **kw: r.lucene_text.bm25(**{'num_results': 2, **kw}), {'k1': 1.2},
+        [['qid', 'query']], ['qid', 'query', 'docno', 'score', 'rank'], queries(), cutoff='num_results'),
+    'LuceneRetriever(impact)': lambda r: Case(
+        lambda **kw: r.lucene_toks.impact(**{'num_results': 2, **kw}), {'num_results': 1},
+        [['qid', 'query_toks']], ['qid', 'query_toks', 'docno', 'score', 'rank'], toks_queries(),
+        cutoff='num_results'),
     'QueryGenerator': lambda r: Case(
         lambda **kw: QueryGenerator(ListGenerator(), **{'num_queries': 2, **kw}), {'num_queries': 3},
         [['text']], ['text', 'querygen'], documents()),
@@ -253,8 +275,14 @@ def resources(tmp_path_factory):
     return Resources(tmp_path_factory.mktemp('conformance'))
 
 
+#: Cases that run only where Anserini can: with pyserini installed and Java 21 or newer.
+NEEDS_ANSERINI = {'LuceneRetriever', 'LuceneRetriever(impact)'}
+
+
 @pytest.fixture(params=list(CASES))
 def case(request, resources):
+    if request.param in NEEDS_ANSERINI and ANSERINI_MISSING:
+        pytest.skip(ANSERINI_MISSING)
     return CASES[request.param](resources)
 
 
@@ -267,7 +295,9 @@ def test_the_cases_cover_every_transformer_the_package_defines(resources):
                 if isinstance(value, type) and issubclass(value, pt.Transformer) and \
                         not issubclass(value, pt.Indexer) and value.__module__.startswith('pyterrier_multiquery'):
                     defined.add(value)
-    covered = {type(CASES[name](resources).make()) for name in CASES}
+    skipped = NEEDS_ANSERINI if ANSERINI_MISSING else set()
+    covered = {type(CASES[name](resources).make()) for name in CASES if name not in skipped}
+    covered |= {LuceneRetriever} if skipped else set()  # its cases run where Anserini can
     assert {c.__name__ for c in defined if not any(issubclass(t, c) for t in covered)} == set()
 
 

@@ -1,5 +1,5 @@
 """Sparse representations from vocabulary logits (log(1 + ReLU) max-pooled over positions, on content words),
-and the pyterrier-pisa index that searches them."""
+and the pyterrier-pisa or Lucene index that searches them."""
 from typing import Dict, List
 
 import numpy as np
@@ -56,4 +56,14 @@ def sparse_index(path, encoded_docs, *, overwrite: bool = False):
     index = PisaIndex(str(path), stemmer='none', overwrite=overwrite)
     if not index.built():
         index.toks_indexer().index(encoded_docs)
+    return index
+
+
+def lucene_sparse_index(path, encoded_docs, *, overwrite: bool = False):
+    """A Lucene impact index (pyserini, Java 21+) of the ``toks`` weights, quantised as :func:`sparse_index`'s
+    (``int(100 w)``); its ``impact()`` retriever scores ``query_toks`` as PISA's ``quantized()`` does."""
+    from pyterrier_multiquery.lucene import LuceneIndex
+    index = LuceneIndex(path)
+    if overwrite or not index.built():
+        index.toks_indexer(overwrite=overwrite).index(encoded_docs)
     return index
