@@ -124,11 +124,9 @@ def test_what_is_declared_is_imported():
 
 
 def test_all_installs_every_feature():
-    # [pyserini] stays out: it needs Java 21+, which pip does not install, and brings 170 MB of Anserini
-    features = set(EXTRAS) - {'all', 'gpu', 'dev', 'pyserini'}
+    features = set(EXTRAS) - {'all', 'gpu', 'dev'}
     assert EXTRAS['all'] == set().union(*(EXTRAS[f] for f in features))
     assert 'faiss-gpu-cu12' not in EXTRAS['all']   # it replaces faiss-cpu, which [dense] installs
-    assert 'pyserini' not in EXTRAS['all']
 
 
 def test_core_leaves_out_heavy_packages():
