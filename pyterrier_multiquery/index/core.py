@@ -5,7 +5,7 @@ import uuid
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterable, Tuple, Union
+from typing import Dict, Iterable, List, Tuple, Union
 
 import more_itertools
 import numpy as np
@@ -68,6 +68,11 @@ class MultiVectorIndex(pta.Artifact, pt.Indexer):
 
     def __len__(self):
         return self.payload()[0]['doc_count']
+
+    def shards(self) -> List['MultiVectorIndex']:
+        """The indexes whose documents this one holds, in order: itself (a :class:`ShardedMultiVectorIndex` has
+        several)."""
+        return [self]
 
     def index(self, inp: Iterable[Dict]) -> 'MultiVectorIndex':
         """Indexes ``{'docno', 'doc_embs'}`` records (``doc_vec`` is taken as one row) into a new index at ``path``."""
