@@ -156,22 +156,21 @@ class MaxSimRetriever(pt.Transformer):
         vector_counts = np.array([len(q) for q in queries])
         first_rows = np.cumsum(vector_counts) - vector_counts
         lengths = np.diff(offsets)
-        results, start = [], 0
-        progress = pt.tqdm(total=len(queries), desc=repr(self), unit='q') if self.verbose else None
-        while start < len(queries):
+        batches = range(0, len(queries), self.batch_size)
+        if self.verbose:
+            batches = pt.tqdm(batches, desc=repr(self), unit='batch')
+        results = []
+        for start in batches:
             stop = min(len(queries), start + self.batch_size)
             docids = candidate_documents(hits[first_rows[start]:first_rows[stop - 1] + vector_counts[stop - 1]],
                                          vector_counts[start:stop])
-            fit = max(1, self.tile_bytes // max(1, 4 * docids.shape[1] * _widest(docids, lengths) * meta['dim']))
-            if fit < stop - start:  # as many queries as fit in a tile, at least one
-                stop = start + fit
-                docids = docids[:fit, :int((docids[:fit] >= 0).sum(axis=1).max())]
-            results.append(self._rescore(queries[start:stop], docids, vectors, offsets, lengths))
-            if progress is not None:
-                progress.update(stop - start)
-            start = stop
-        if progress is not None:
-            progress.close()
+            per_query = 4 * docids.shape[1] * _widest(docids, lengths) * meta['dim']
+            step = max(1, self.tile_bytes // max(1, per_query))  # as many queries as fit in a tile, at least one
+            batch = queries[start:stop]
+            for first in range(0, len(batch), step):
+                chunk = docids[first:first + step]
+                chunk = chunk[:, :int((chunk >= 0).sum(axis=1).max())]
+                results.append(self._rescore(batch[first:first + step], chunk, vectors, offsets, lengths))
         return results
 
     def _rescore(self, queries, docids: np.ndarray, vectors, offsets, lengths) -> Tuple[np.ndarray, ...]:
