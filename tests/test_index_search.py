@@ -178,3 +178,22 @@ def test_threads_are_set_for_torch_and_faiss_and_restored(data, monkeypatch):
         faiss.omp_set_num_threads(faiss_before)
     with pytest.raises(ValueError, match='threads must be None .* or a positive integer, got 0'):
         indexes['float32'].maxsim_retriever(threads=0)
+
+
+def test_ivf_sq8_candidate_stage(data):
+    import faiss
+
+    from pyterrier_multiquery.index.ann import load_or_build
+    _, indexes, queries = data
+    index = indexes['float32']
+    ann = faiss.downcast_index(load_or_build(index, 'ivf', 'SQ8', verbose=False))
+    assert isinstance(ann, faiss.IndexIVFScalarQuantizer) and ann.sq.qtype == faiss.ScalarQuantizer.QT_8bit
+    # one byte a dimension and the vector's 8-byte id in its list, beside IVF-Flat's four bytes a dimension
+    files = {path.name: path.stat().st_size for path in index.path.glob('ann.IVF*.faiss')}
+    vec_count = index.payload()[0]['vec_count']
+    lists = ann.nlist
+    assert files[f'ann.IVF{lists}_SQ8.faiss'] < vec_count * (DIM + 8) + lists * DIM * 4 + 4096
+    # probing every list and taking every vector: the exact ranking, whatever the 8-bit distances
+    out = index.maxsim_retriever(exact=False, ann='ivf', quantizer='SQ8', search_effort=lists, candidates=vec_count,
+                                 num_results=20)(topics(queries))
+    pd.testing.assert_frame_equal(out, index.maxsim_retriever(num_results=20)(topics(queries)))
