@@ -151,11 +151,12 @@ class MaxSimRetriever(pt.Transformer):
         if self._stage is None or self._stage[0] != meta:  # first search, or the index was rebuilt
             stage = CandidateStage(self.index.shards(), self.ann, self.quantizer, self.search_effort, self.device,
                                    verbose=self.verbose)
-            self._stage = (meta, stage)
-        hits = self._stage[1].search(np.concatenate(queries), self.candidates)
+            # with the offsets (where each document's rows start), the row table of the re-scoring
+            self._stage = (meta, stage, np.diff(offsets))
+        _, stage, lengths = self._stage
+        hits = stage.search(np.concatenate(queries), self.candidates)
         vector_counts = np.array([len(q) for q in queries])
         first_rows = np.cumsum(vector_counts) - vector_counts
-        lengths = np.diff(offsets)
         batches = range(0, len(queries), self.batch_size)
         if self.verbose:
             batches = pt.tqdm(batches, desc=repr(self), unit='batch')
