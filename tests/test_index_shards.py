@@ -36,14 +36,20 @@ def indexes(request, tmp_path_factory):
     # shards of 50, 50 and 20 documents written by two processes at once, from an iterator
     parallel = ShardedMultiVectorIndex(folder / 'parallel', verbose=False).indexer(shard_size=50, processes=2).index(
         iter(docs))
-    return integer, whole, [three, parallel]
+    # shards of 30, 50 and 40 documents built apart, as on the nodes of a cluster
+    nodes = [MultiVectorIndex(folder / f'node{i}', verbose=False).index(docs[start:stop]).path
+             for i, (start, stop) in enumerate([(0, 30), (30, 80), (80, 120)])]
+    assembled = ShardedMultiVectorIndex.from_shards(folder / 'assembled', nodes, verbose=False)
+    return integer, whole, [three, parallel, assembled]
 
 
 def test_shards_hold_the_corpus_in_order(indexes):
     _, whole, sharded = indexes
-    three, parallel = sharded
+    three, parallel, assembled = sharded
     assert [len(shard) for shard in three.shards()] == [40, 40, 40]
     assert [len(shard) for shard in parallel.shards()] == [50, 50, 20]
+    assert [len(shard) for shard in assembled.shards()] == [30, 50, 40]
+    assert [shard.path.name for shard in assembled.shards()] == ['shard-000', 'shard-001', 'shard-002']
     meta, vectors, offsets, docnos = whole.payload()
     for index in sharded:
         sharded_meta, sharded_vectors, sharded_offsets, sharded_docnos = index.payload()
@@ -152,9 +158,63 @@ def test_indexer_arguments_and_target_are_checked(tmp_path):
     assert len(index.indexer(overwrite=True, shard_size=2).index(docs).shards()) == 3
 
 
+def test_assembled_shards_are_copied_or_moved(tmp_path):
+    docs = collection(30)
+    nodes = [MultiVectorIndex(tmp_path / f'node{i}', verbose=False).index(docs[10 * i:10 * i + 10]).path
+             for i in range(3)]
+    (nodes[1] / '.ann.Flat.faiss.tmp-999999').write_bytes(b'left by a killed build')
+    copied = ShardedMultiVectorIndex.from_shards(tmp_path / 'copied', [str(node) for node in nodes], verbose=False)
+    assert sorted(p.name for p in (tmp_path / 'copied' / 'shard-001').iterdir()) == \
+        sorted(p.name for p in nodes[1].iterdir() if not p.name.startswith('.'))
+    assert all(MultiVectorIndex(node, verbose=False).built() for node in nodes)
+    with pytest.raises(FileExistsError, match='an index already exists'):
+        ShardedMultiVectorIndex.from_shards(tmp_path / 'copied', nodes, verbose=False)
+    moved = ShardedMultiVectorIndex.from_shards(tmp_path / 'copied', nodes, move=True, overwrite=True, verbose=False)
+    assert not any(node.exists() for node in nodes)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['copied']
+    queries = topics(False)
+    whole = MultiVectorIndex(tmp_path / 'whole', verbose=False).index(docs)
+    pd.testing.assert_frame_equal(moved.maxsim_retriever(num_results=20)(queries),
+                                  whole.maxsim_retriever(num_results=20)(queries))
+    pd.testing.assert_frame_equal(copied.maxsim_retriever(num_results=20)(queries),
+                                  whole.maxsim_retriever(num_results=20)(queries))  # reloads the rebuilt folder
+
+
+def test_assembly_refuses_shards_that_do_not_fit(tmp_path):
+    docs = collection(30)
+    nodes = [tmp_path / f'node{i}' for i in range(3)]
+    for i, node in enumerate(nodes):
+        MultiVectorIndex(node, verbose=False).index(docs[10 * i:10 * i + 10])
+
+    def refused(error, match, shard_paths):
+        with pytest.raises(error, match=match):
+            ShardedMultiVectorIndex.from_shards(tmp_path / 'index', shard_paths, move=True, verbose=False)
+        assert not (tmp_path / 'index').exists() and all(node.is_dir() for node in nodes)
+
+    MultiVectorIndex(tmp_path / 'dup', verbose=False).index([docs[25]] + collection(40)[35:])
+    refused(ValueError, f"docno 'd25' occurs in '{nodes[2]}' and '{tmp_path / 'dup'}'; docnos must be unique",
+            nodes + [tmp_path / 'dup'])
+    refused(ValueError, f"docno 'd0' occurs in '{nodes[0]}' and '{nodes[0]}'", [nodes[0], nodes[1], nodes[0]])
+    MultiVectorIndex(tmp_path / 'wide', verbose=False).index(
+        [{'docno': 'w1', 'doc_embs': np.ones((2, DIM + 1), dtype=np.float32)}])
+    refused(ValueError, rf"the documents of '{tmp_path / 'wide'}' \(from 'w1' on\) have vectors of size 9, "
+            "expected 8", nodes + [tmp_path / 'wide'])
+    MultiVectorIndex(tmp_path / 'half', verbose=False).indexer(dtype='float16').index(collection(40)[30:])
+    refused(ValueError, rf"the documents of '{tmp_path / 'half'}' \(from 'd30' on\) are stored as float16, "
+            "expected float32", nodes + [tmp_path / 'half'])
+    (tmp_path / 'empty').mkdir()
+    refused(FileNotFoundError, f"no finished MultiVectorIndex at '{tmp_path / 'empty'}'",
+            [nodes[0], tmp_path / 'empty'])
+    refused(FileNotFoundError, f"no finished MultiVectorIndex at '{tmp_path / 'absent'}'", [tmp_path / 'absent'])
+    ShardedMultiVectorIndex(tmp_path / 'sharded', verbose=False).indexer(shard_size=20).index(collection(40)[30:])
+    refused(CorruptIndexError, 'sharded_mvi artifact, not a MultiVectorIndex', [nodes[0], tmp_path / 'sharded'])
+    refused(ValueError, 'shard_paths is empty', [])
+    refused(TypeError, 'shard_paths must be a list of shard folders', str(nodes[0]))
+
+
 def test_loads_as_a_pyterrier_artifact_by_its_metadata(indexes):
     import tomllib
-    _, _, (index, _) = indexes
+    _, _, (index, _, _) = indexes
     meta = json.loads((index.path / 'pt_meta.json').read_text())
     project = tomllib.loads((Path(__file__).resolve().parents[1] / 'pyproject.toml').read_text())['project']
     entry = project['entry-points']['pyterrier.artifact'][f'{meta["type"]}.{meta["format"]}']

@@ -2,7 +2,9 @@
 import itertools
 import json
 import multiprocessing
+import os
 import queue
+import shutil
 import uuid
 from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Optional, Union
@@ -13,7 +15,7 @@ import pandas as pd
 import pyterrier as pt
 import pyterrier_alpha as pta
 
-from pyterrier_multiquery._files import building
+from pyterrier_multiquery._files import _remove, building
 from pyterrier_multiquery.index.core import (
     _DTYPES,
     CorruptIndexError,
@@ -36,7 +38,8 @@ class ShardedMultiVectorIndex(SearchableIndex, pta.Artifact, pt.Indexer):
     unsharded index's; with IVF or HNSW they approximate them as each shard's own lists or graph do.
 
     Files: ``pt_meta.json`` (the shards' folder names and build ids) and the shard folders ``shard-000``, ...,
-    each a :class:`MultiVectorIndex`.
+    each a :class:`MultiVectorIndex`, written by :meth:`indexer` from one corpus or assembled by :meth:`from_shards`
+    from indexes built apart.
     """
     ARTIFACT_TYPE = 'multi_vector_index'
     ARTIFACT_FORMAT = 'sharded_mvi'
@@ -98,6 +101,55 @@ class ShardedMultiVectorIndex(SearchableIndex, pta.Artifact, pt.Indexer):
         """The shards, in document order."""
         self.payload()
         return list(self._shards)
+
+    @classmethod
+    def from_shards(cls, path: Union[str, Path], shard_paths: Iterable[Union[str, Path]], *, move: bool = False,
+                    overwrite: bool = False, verbose: bool = True) -> 'ShardedMultiVectorIndex':
+        """Assembles a sharded index from MultiVectorIndexes built elsewhere, e.g. one per node of a cluster.
+
+        The shards are checked first, then copied into ``path`` as ``shard-000``, ``shard-001``, ..., in the order
+        given, which numbers the documents; the whole is written into a temporary folder renamed when complete.
+
+        Args:
+            path: The folder of the sharded index to write.
+            shard_paths: The folders of finished MultiVectorIndexes, in document order.
+            move: Whether to move the shards rather than copy them: their files are hard-linked (copied across file
+                systems) and the shard folders removed once the sharded index is in place.
+            overwrite: Whether to replace an existing sharded index (only once the new one is complete).
+            verbose: Whether to show progress bars.
+
+        Raises:
+            FileExistsError: As :meth:`ShardedMultiVectorIndexer.index`.
+            FileNotFoundError: If a shard path holds no finished MultiVectorIndex (named).
+            CorruptIndexError: If a shard is damaged or not a MultiVectorIndex (a shard rebuilt while being copied
+                is named when the sharded index is opened).
+            ValueError: If no shards are given, shards differ in vector size or dtype, or a docno is in two shards.
+        """
+        if isinstance(shard_paths, (str, Path)):
+            raise TypeError(f'shard_paths must be a list of shard folders, got the single path {str(shard_paths)!r}')
+        sources = [Path(source) for source in shard_paths]
+        if not sources:
+            raise ValueError('no shards to assemble: shard_paths is empty')
+        index = cls(path, verbose=verbose)
+        _check_target(index.path, overwrite, cls)
+        labels = [repr(str(source)) for source in sources]
+        shards = [MultiVectorIndex(source, verbose=False).payload() for source in sources]
+        _check_same_vectors(shards, labels)
+        _check_unique_across([docnos for _, _, _, docnos in shards], labels)
+        names = [f'shard-{i:03d}' for i in range(len(sources))]
+        steps = zip(sources, names)
+        if verbose:
+            steps = pt.tqdm(steps, total=len(names), desc='moving shards' if move else 'copying shards', unit='shard')
+        with building(index.path) as tmp:
+            tmp.mkdir()
+            for source, name in steps:
+                shutil.copytree(source, tmp / name, copy_function=_link_or_copy if move else shutil.copy2,
+                                ignore=shutil.ignore_patterns('.*'))  # leftovers of killed FAISS builds
+            _write_meta(tmp, names, [meta for meta, _, _, _ in shards])
+        if move:
+            for source in sources:
+                _remove(source)
+        return index
 
     def index(self, inp: Iterable[Dict]) -> 'ShardedMultiVectorIndex':
         """Indexes ``{'docno', 'doc_embs'}`` records into shards of the default size (see :meth:`indexer`)."""
@@ -190,15 +242,9 @@ class ShardedMultiVectorIndexer(pt.Indexer):
             if not names:
                 raise ValueError('nothing to index: the input had no documents')
             shards = [MultiVectorIndex(tmp / name, verbose=False).payload() for name in names]
-            _check_same_size(shards, names)
+            _check_same_vectors(shards, names)
             _check_unique_across([docnos for _, _, _, docnos in shards], names)
-            first = shards[0][0]
-            meta = {'type': ShardedMultiVectorIndex.ARTIFACT_TYPE, 'format': ShardedMultiVectorIndex.ARTIFACT_FORMAT,
-                    'package_hint': 'pyterrier-multiquery', 'dtype': first['dtype'], 'dim': first['dim'],
-                    'doc_count': sum(m['doc_count'] for m, _, _, _ in shards),
-                    'vec_count': sum(m['vec_count'] for m, _, _, _ in shards), 'build_id': uuid.uuid4().hex,
-                    'shards': names, 'shard_build_ids': [m['build_id'] for m, _, _, _ in shards]}
-            (tmp / 'pt_meta.json').write_text(json.dumps(meta))
+            _write_meta(tmp, names, [meta for meta, _, _, _ in shards])
         self.index_ref._payload = None
         return self.index_ref
 
@@ -303,12 +349,34 @@ def _consecutive(records: Iterator[Dict], sizes: Iterable[int]) -> Iterator[Iter
         more_itertools.consume(group)
 
 
-def _check_same_size(shards: list, names: List[str]) -> None:
-    dim = shards[0][0]['dim']
+def _check_same_vectors(shards: list, names: List[str]) -> None:
+    """Raises naming the first shard whose vectors differ in size or storage type from the first shard's."""
+    dim, dtype = shards[0][0]['dim'], shards[0][0]['dtype']
     for (meta, _, _, docnos), name in zip(shards, names):
         if meta['dim'] != dim:
             raise ValueError(f'the documents of {name} (from {str(docnos.fwd[0])!r} on) have vectors of size '
                              f'{meta["dim"]}, expected {dim} as the earlier documents')
+        if meta['dtype'] != dtype:
+            raise ValueError(f'the documents of {name} (from {str(docnos.fwd[0])!r} on) are stored as '
+                             f'{meta["dtype"]}, expected {dtype} as the earlier documents')
+
+
+def _write_meta(folder: Path, names: List[str], metas: List[dict]) -> None:
+    """Writes the ``pt_meta.json`` of a sharded index whose shard folders ``names`` have the metadata ``metas``."""
+    meta = {'type': ShardedMultiVectorIndex.ARTIFACT_TYPE, 'format': ShardedMultiVectorIndex.ARTIFACT_FORMAT,
+            'package_hint': 'pyterrier-multiquery', 'dtype': metas[0]['dtype'], 'dim': metas[0]['dim'],
+            'doc_count': sum(m['doc_count'] for m in metas), 'vec_count': sum(m['vec_count'] for m in metas),
+            'build_id': uuid.uuid4().hex, 'shards': names, 'shard_build_ids': [m['build_id'] for m in metas]}
+    (folder / 'pt_meta.json').write_text(json.dumps(meta))
+
+
+def _link_or_copy(source: str, target: str) -> str:
+    """Hard-links a file, or copies it where the two paths are on different file systems."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+    return target
 
 
 def _check_unique_across(lookups: list, names: List[str], chunk: int = 1 << 16) -> None:
