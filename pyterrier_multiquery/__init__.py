@@ -27,6 +27,7 @@ _ATTRIBUTES = {
     'low_similarity_subset': 'analysis',
     'paired_bootstrap': 'analysis',
     'MultiVectorIndex': 'index',
+    'ShardedMultiVectorIndex': 'index',
     'HuggingFaceGenerator': 'generation',
     'OpenAICompatibleGenerator': 'generation',
     'parse_queries': 'generation',

@@ -79,6 +79,57 @@ def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, 
     return ann
 
 
+class CandidateStage:
+    """The candidate stage of approximate MaxSim over the shards of an index: one FAISS index per shard, searched
+    for every query vector, the shards' hits merged by FAISS score.
+
+    With one shard the hits are FAISS's. With several, each shard gives its ``k`` nearest stored vectors and the
+    ``k`` best of them all are kept: the nearest vectors of the whole collection when the search is exhaustive
+    (``flat``, or IVF probing every list), an approximation of them otherwise (each shard has its own lists or
+    graph).
+    """
+
+    def __init__(self, shards, kind: str, quantizer: Optional[str], search_effort: int, device: str, *,
+                 verbose: bool = False):
+        """
+        Args:
+            shards: The :class:`MultiVectorIndex` shards, in document order.
+            kind: FAISS index kind (as :func:`faiss_factory`).
+            quantizer: FAISS storage (as :func:`faiss_factory`).
+            search_effort: IVF lists probed or HNSW ``efSearch``.
+            device: Where FAISS searches (a GPU with faiss-gpu, else the CPU).
+            verbose: Whether to show progress when a FAISS index is built.
+        """
+        self.parts = []
+        first = 0
+        for shard in shards:
+            meta, _, offsets, _ = shard.payload()
+            ann = to_device(load_or_build(shard, kind, quantizer, verbose=verbose), device)
+            set_search_effort(ann, kind, search_effort)
+            self.parts.append((ann, offsets, first))
+            first += meta['doc_count']
+
+    def search(self, vectors: np.ndarray, k: int) -> np.ndarray:
+        """The documents of each vector's ``k`` nearest stored vectors.
+
+        Args:
+            vectors: ``(n, dim)`` float32 query vectors.
+            k: Stored vectors found per query vector.
+
+        Returns:
+            ``(n, k)`` document ids (over all shards, in order), -1 where fewer than ``k`` vectors were found.
+        """
+        scores, docids = [], []
+        for ann, offsets, first in self.parts:
+            found, hits = ann.search(vectors, k)
+            scores.append(np.where(hits >= 0, found, -np.inf))
+            docids.append(np.where(hits >= 0, np.searchsorted(offsets, hits, side='right') - 1 + first, -1))
+        if len(self.parts) == 1:
+            return docids[0]
+        best = np.argsort(-np.concatenate(scores, axis=1), axis=1, kind='stable')[:, :k]
+        return np.take_along_axis(np.concatenate(docids, axis=1), best, axis=1)
+
+
 def to_device(ann, device: str):
     """Moves a FAISS index to the GPU when ``device`` is CUDA and FAISS was built with GPU support."""
     with requires('dense'):

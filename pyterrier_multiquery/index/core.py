@@ -5,7 +5,7 @@ import uuid
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterable, Tuple, Union
+from typing import Dict, Iterable, List, Tuple, Union
 
 import more_itertools
 import numpy as np
@@ -23,7 +23,41 @@ class CorruptIndexError(ValueError):
     """Raised when the files of a MultiVectorIndex do not agree with each other or with ``pt_meta.json``."""
 
 
-class MultiVectorIndex(pta.Artifact, pt.Indexer):
+class SearchableIndex:
+    """The retrievers of an index whose ``payload()`` gives ``(meta, vectors, offsets, docnos)`` and whose
+    ``shards()`` gives the MultiVectorIndexes holding its documents."""
+
+    def __len__(self):
+        return self.payload()[0]['doc_count']
+
+    def maxsim_retriever(self, *, exact: bool = True, **kwargs) -> pt.Transformer:
+        """MaxSim retrieval, exact or over ANN candidates (arguments as :class:`~.maxsim.MaxSimRetriever`)."""
+        from pyterrier_multiquery.index.maxsim import MaxSimRetriever
+        return MaxSimRetriever(self, exact=exact, **kwargs)
+
+    def maxsim_scorer(self, **kwargs) -> pt.Transformer:
+        """Exact MaxSim re-scoring of a result frame (arguments as :class:`~.maxsim.MaxSimScorer`)."""
+        from pyterrier_multiquery.index.maxsim import MaxSimScorer
+        return MaxSimScorer(self, **kwargs)
+
+    def mean_retriever(self, **kwargs) -> pt.Transformer:
+        """Retrieval by mean vectors (arguments as :class:`~.mean.MeanRetriever`)."""
+        from pyterrier_multiquery.index.mean import MeanRetriever
+        return MeanRetriever(self, **kwargs)
+
+    def multiquery_retriever(self, merge: str = 'round_robin', **kwargs) -> pt.Transformer:
+        """Each query vector searches on its own; lists merged (arguments as
+        :class:`~.multiquery.MultiQueryRetriever`)."""
+        from pyterrier_multiquery.index.multiquery import MultiQueryRetriever
+        return MultiQueryRetriever(self, merge=merge, **kwargs)
+
+    def bytes_per_vector(self) -> int:
+        """Bytes that one stored vector takes on disk."""
+        meta = self.payload()[0]
+        return meta['dim'] * np.dtype(_DTYPES[meta['dtype']][1]).itemsize
+
+
+class MultiVectorIndex(SearchableIndex, pta.Artifact, pt.Indexer):
     """A multi-vector dense index: each document keeps its own rows of vectors (one or more).
 
     Files: ``pt_meta.json``; ``vecs.f4`` (or ``vecs.f2``), all vectors one after another; ``offsets.i8``, where the
@@ -66,8 +100,10 @@ class MultiVectorIndex(pta.Artifact, pt.Indexer):
             self._meta_bytes = raw
         return self._payload
 
-    def __len__(self):
-        return self.payload()[0]['doc_count']
+    def shards(self) -> List['MultiVectorIndex']:
+        """The indexes whose documents this one holds, in order: itself (a :class:`ShardedMultiVectorIndex` has
+        several)."""
+        return [self]
 
     def index(self, inp: Iterable[Dict]) -> 'MultiVectorIndex':
         """Indexes ``{'docno', 'doc_embs'}`` records (``doc_vec`` is taken as one row) into a new index at ``path``."""
@@ -82,32 +118,6 @@ class MultiVectorIndex(pta.Artifact, pt.Indexer):
                 folder that is not one is never replaced.
         """
         return MultiVectorIndexer(self, dtype=dtype, overwrite=overwrite)
-
-    def maxsim_retriever(self, *, exact: bool = True, **kwargs) -> pt.Transformer:
-        """MaxSim retrieval, exact or over ANN candidates (arguments as :class:`~.maxsim.MaxSimRetriever`)."""
-        from pyterrier_multiquery.index.maxsim import MaxSimRetriever
-        return MaxSimRetriever(self, exact=exact, **kwargs)
-
-    def maxsim_scorer(self, **kwargs) -> pt.Transformer:
-        """Exact MaxSim re-scoring of a result frame (arguments as :class:`~.maxsim.MaxSimScorer`)."""
-        from pyterrier_multiquery.index.maxsim import MaxSimScorer
-        return MaxSimScorer(self, **kwargs)
-
-    def mean_retriever(self, **kwargs) -> pt.Transformer:
-        """Retrieval by mean vectors (arguments as :class:`~.mean.MeanRetriever`)."""
-        from pyterrier_multiquery.index.mean import MeanRetriever
-        return MeanRetriever(self, **kwargs)
-
-    def multiquery_retriever(self, merge: str = 'round_robin', **kwargs) -> pt.Transformer:
-        """Each query vector searches on its own; lists merged (arguments as
-        :class:`~.multiquery.MultiQueryRetriever`)."""
-        from pyterrier_multiquery.index.multiquery import MultiQueryRetriever
-        return MultiQueryRetriever(self, merge=merge, **kwargs)
-
-    def bytes_per_vector(self) -> int:
-        """Bytes that one stored vector takes on disk."""
-        meta = self.payload()[0]
-        return meta['dim'] * np.dtype(_DTYPES[meta['dtype']][1]).itemsize
 
     def __repr__(self):
         return f'MultiVectorIndex({str(self.path)!r})'
@@ -174,20 +184,21 @@ class MultiVectorIndexer(pt.Indexer):
         return f'{self.index_ref!r}.indexer(dtype={self.dtype!r}, overwrite={self.overwrite!r})'
 
 
-def _check_target(path: Path, overwrite: bool) -> None:
+def _check_target(path: Path, overwrite: bool, artifact: type = None) -> None:
     """Raises unless an index may be written at ``path``: nothing there, an empty folder, or (with ``overwrite``)
-    a MultiVectorIndex."""
+    an index of the class ``artifact`` (default: MultiVectorIndex)."""
+    artifact = artifact or MultiVectorIndex
     if not os.path.lexists(path) or (path.is_dir() and not any(path.iterdir())):
         return
     if not path.is_dir():
         raise FileExistsError(f'{str(path)!r} is a file, not an index folder; choose another path for the index')
     try:
-        _read_meta(path)
+        _read_meta(path, artifact)
     except FileNotFoundError:
-        raise FileExistsError(f'{str(path)!r} is a folder that is not a MultiVectorIndex (it has no pt_meta.json); '
-                              'choose another path: overwrite=True only replaces an index') from None
+        raise FileExistsError(f'{str(path)!r} is a folder that is not a {artifact.__name__} (it has no '
+                              'pt_meta.json); choose another path: overwrite=True only replaces an index') from None
     except CorruptIndexError as e:
-        raise FileExistsError(f'{str(path)!r} is not a readable MultiVectorIndex ({e}); overwrite=True only '
+        raise FileExistsError(f'{str(path)!r} is not a readable {artifact.__name__} ({e}); overwrite=True only '
                               'replaces an index: remove the folder yourself if it can go') from None
     if not overwrite:
         raise FileExistsError(f'an index already exists at {str(path)!r}; use indexer(overwrite=True) to replace it')
@@ -281,11 +292,13 @@ def _crc32(path: Path) -> int:
     return checksum
 
 
-def _read_meta(path: Path) -> Tuple[dict, bytes]:
-    """``pt_meta.json`` of a MultiVectorIndex, checked, and its raw bytes (which change with every build)."""
+def _read_meta(path: Path, artifact: type = None) -> Tuple[dict, bytes]:
+    """``pt_meta.json`` of an index of the class ``artifact`` (default: MultiVectorIndex), checked, and its raw bytes
+    (which change with every build)."""
+    artifact = artifact or MultiVectorIndex
     meta_file = path / 'pt_meta.json'
     if not meta_file.is_file():
-        raise FileNotFoundError(f'no finished MultiVectorIndex at {str(path)!r} (pt_meta.json is missing)')
+        raise FileNotFoundError(f'no finished {artifact.__name__} at {str(path)!r} (pt_meta.json is missing)')
     raw = meta_file.read_bytes()
     try:
         meta = json.loads(raw)
@@ -293,9 +306,9 @@ def _read_meta(path: Path) -> Tuple[dict, bytes]:
         raise CorruptIndexError(f'{str(meta_file)!r} is not valid JSON: {e}') from None
     if not isinstance(meta, dict):
         raise CorruptIndexError(f'{str(meta_file)!r} holds a JSON {type(meta).__name__}, not an object')
-    if (meta.get('type'), meta.get('format')) != (MultiVectorIndex.ARTIFACT_TYPE, MultiVectorIndex.ARTIFACT_FORMAT):
+    if (meta.get('type'), meta.get('format')) != (artifact.ARTIFACT_TYPE, artifact.ARTIFACT_FORMAT):
         raise CorruptIndexError(f'{str(meta_file)!r} names a {meta.get("type")}/{meta.get("format")} artifact, '
-                                'not a MultiVectorIndex')
+                                f'not a {artifact.__name__}')
     if meta.get('dtype') not in _DTYPES:
         raise CorruptIndexError(f'{str(meta_file)!r} names dtype {meta.get("dtype")!r}; '
                                 f'expected one of {list(_DTYPES)}')

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
-from pyterrier_multiquery._device import resolve_device
+from pyterrier_multiquery._device import check_threads, cpu_threads, resolve_device
 from pyterrier_multiquery._extras import requires
 
 with requires('dense'):
@@ -49,31 +49,40 @@ class MaxSimRetriever(pt.Transformer):
 
     ``score(q, d) = agg_i max_j <q_i, d_j>`` over the query's vectors ``q_i`` (``query_embs``) and the document's
     stored vectors ``d_j``, ``agg`` being the mean (default) or the sum. With ``exact=True`` every document is
-    scored, in blocks of about ``block_vectors`` stored vectors. With ``exact=False`` each query vector first
-    takes its ``candidates`` nearest stored vectors from a FAISS index (``ann``: flat, ivf or hnsw, with an
-    optional ``quantizer``; built once and cached in the index folder), and exact MaxSim is computed over
-    their documents only. Scoring runs in torch on ``device`` (CUDA when available), FAISS search on the GPU
-    when FAISS has GPU support; the CPU gives the same rankings.
+    scored: the stored vectors are read in blocks of about ``block_vectors`` (each block once, for all queries) and
+    scored in tiles of about ``tile_bytes`` (a float16 index is converted to float32 a tile at a time). With
+    ``exact=False`` each query vector first takes its ``candidates`` nearest stored vectors from a FAISS index
+    (``ann``: flat, ivf or hnsw, with an optional ``quantizer``; built once and cached in the index folder; one
+    search for all the queries of a frame), and exact MaxSim is computed over their documents only, for as many
+    queries at once as ``batch_size`` and ``tile_bytes`` allow. Ties are broken by the documents' order in the
+    index. Scoring runs in torch on ``device`` (CUDA when available), FAISS search on the GPU when FAISS has GPU
+    support; the CPU gives the same rankings. On the CPU, torch and FAISS both use ``threads`` threads during a
+    search.
     """
     schematic = {'label': 'MaxSim'}
 
     def __init__(self, index, *, num_results: int = 1000, aggregate: str = 'mean', exact: bool = True,
                  ann: str = 'ivf', quantizer: Optional[str] = None, candidates: int = 256, search_effort: int = 32,
                  device: Optional[str] = None, batch_size: int = 64, block_vectors: int = 65536,
-                 drop_query_embs: bool = False, verbose: bool = False):
+                 tile_bytes: Optional[int] = None, threads: Optional[int] = None, drop_query_embs: bool = False,
+                 verbose: bool = False):
         """
         Args:
-            index: The :class:`MultiVectorIndex` to search.
+            index: The :class:`MultiVectorIndex` (or :class:`ShardedMultiVectorIndex`) to search.
             num_results: Documents returned per query.
             aggregate: ``mean`` or ``sum`` over the query's vectors.
             exact: Score every document (True) or only the ANN candidates (False).
             ann: FAISS index kind for the candidates: ``flat``, ``ivf`` or ``hnsw``.
-            quantizer: FAISS storage of the ANN stage: None, ``SQ8``, ``SQfp16`` or ``PQ<m>``.
+            quantizer: FAISS storage of the ANN stage: None, ``SQ8``, ``SQ4``, ``SQfp16`` or ``PQ<m>``.
             candidates: Stored vectors fetched per query vector by the ANN stage.
             search_effort: IVF lists probed (``nprobe``) or HNSW ``efSearch``.
             device: torch device for scoring (default: CUDA if available, else CPU).
             batch_size: Queries scored together.
-            block_vectors: Stored vectors scored together by the exact search.
+            block_vectors: Stored vectors read from disk together by the exact search.
+            tile_bytes: Working memory of one scoring step (default: 4 MiB on the CPU, to stay in its caches;
+                256 MiB on a GPU).
+            threads: CPU threads of torch and FAISS during a search (default: ``torch.get_num_threads()``); the
+                counts before are restored after it.
             drop_query_embs: Whether to drop ``query_embs`` from the output.
             verbose: Whether to show progress bars.
         """
@@ -94,9 +103,11 @@ class MaxSimRetriever(pt.Transformer):
         self.device = resolve_device(device)
         self.batch_size = batch_size
         self.block_vectors = block_vectors
+        self.tile_bytes = tile_bytes or ((256 if self.device.startswith('cuda') else 4) << 20)
+        self.threads = check_threads(threads)
         self.drop_query_embs = drop_query_embs
         self.verbose = verbose
-        self._faiss = None
+        self._stage = None
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Retrieves for each query row (``qid``, ``query_embs``)."""
@@ -104,52 +115,89 @@ class MaxSimRetriever(pt.Transformer):
         check_unique_qids(inp)
         meta, vectors, offsets, docnos = self.index.payload()
         queries = [query_embs(embs, meta['dim'], qid) for qid, embs in zip(inp['qid'], inp['query_embs'])]
-        search = self._search_exact if self.exact else self._search_approximate
-        batches = range(0, len(queries), self.batch_size)
-        if self.verbose and not self.exact:
-            batches = pt.tqdm(batches, desc=repr(self), unit='batch')
-        results = []
-        for start in batches:
-            results.extend(search(queries[start:start + self.batch_size], vectors, offsets))
         columns = [c for c in inp.columns if not (self.drop_query_embs and c == 'query_embs')]
+        results = []
+        if queries:
+            with cpu_threads(self.threads, with_faiss=not self.exact):
+                search = self._search_exact if self.exact else self._search_approximate
+                results = search(queries, meta, vectors, offsets)
         return result_frame(inp[columns], results, docnos)
 
-    def _search_exact(self, queries, vectors, offsets) -> List[Tuple[np.ndarray, np.ndarray]]:
-        batch = [torch.from_numpy(q).to(self.device) for q in queries]
-        best_scores = torch.empty((len(queries), 0), device=self.device)
-        best_docids = torch.empty((len(queries), 0), dtype=torch.long, device=self.device)
+    def _search_exact(self, queries, meta, vectors, offsets) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        batches = [[torch.from_numpy(q).to(self.device) for q in queries[start:start + self.batch_size]]
+                   for start in range(0, len(queries), self.batch_size)]
+        best = [(torch.empty((len(batch), 0), device=self.device),
+                 torch.empty((len(batch), 0), dtype=torch.long, device=self.device)) for batch in batches]
+        tile_vectors = [max(1, self.tile_bytes // (4 * (sum(len(q) for q in batch) + meta['dim'])))
+                        for batch in batches]  # a tile's float32 vectors and its similarities
         blocks = document_blocks(offsets, self.block_vectors)
         if self.verbose:
             blocks = pt.tqdm(blocks, desc=repr(self), unit='block')
         for first, last in blocks:
-            block = torch.from_numpy(np.array(vectors[offsets[first]:offsets[last]], dtype=np.float32)).to(self.device)
-            lengths = torch.from_numpy(np.diff(offsets[first:last + 1])).to(self.device)
-            scores = maxsim_scores(batch, block, lengths, self.aggregate)
-            best_scores = torch.cat([best_scores, scores], dim=1)
-            block_docids = torch.arange(first, last, device=self.device).expand(len(queries), -1)
-            best_docids = torch.cat([best_docids, block_docids], dim=1)
-            if best_scores.shape[1] > self.num_results:
-                best_scores, keep = best_scores.topk(self.num_results, dim=1)
-                best_docids = best_docids.gather(1, keep)
-        return [ranked(s, d) for s, d in zip(best_scores.cpu().numpy(), best_docids.cpu().numpy())]
+            block_offsets = offsets[first:last + 1] - offsets[first]
+            block = torch.from_numpy(np.require(vectors[offsets[first]:offsets[last]], requirements=['C', 'W']))
+            block = block.to(self.device)  # the stored dtype: a float16 block is converted a tile at a time
+            lengths = torch.from_numpy(np.diff(block_offsets)).to(self.device)
+            for i, batch in enumerate(batches):
+                scores = torch.cat([
+                    maxsim_scores(batch, block[block_offsets[a]:block_offsets[b]].float(), lengths[a:b], self.aggregate)
+                    for a, b in document_blocks(block_offsets, tile_vectors[i])], dim=1)
+                best[i] = keep_best(*best[i], scores, first, self.num_results)
+        return [(scores.cpu().numpy(), docids.cpu().numpy(), np.full(len(scores), scores.shape[1]))
+                for scores, docids in best]
 
-    def _search_approximate(self, queries, vectors, offsets) -> List[Tuple[np.ndarray, np.ndarray]]:
-        from pyterrier_multiquery.index.ann import load_or_build, set_search_effort, to_device
-        meta = self.index.payload()[0]
-        if self._faiss is None or self._faiss[0] != meta:  # first search, or the index was rebuilt
-            ann = to_device(load_or_build(self.index, self.ann, self.quantizer, verbose=self.verbose), self.device)
-            set_search_effort(ann, self.ann, self.search_effort)
-            self._faiss = (meta, ann)
-        _, hits = self._faiss[1].search(np.concatenate(queries), self.candidates)
-        hit_docs = np.searchsorted(offsets, hits, side='right') - 1  # -1 marks an empty slot
-        results, row = [], 0
-        for query in queries:
-            docs = np.unique(hit_docs[row:row + len(query)])
-            docs = docs[docs >= 0]
-            row += len(query)
-            scores = score_documents(torch.from_numpy(query).to(self.device), docs, vectors, offsets, self.aggregate)
-            results.append(ranked(scores, docs, self.num_results))
+    def _search_approximate(self, queries, meta, vectors, offsets) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        from pyterrier_multiquery.index.ann import CandidateStage
+        if self._stage is None or self._stage[0] != meta:  # first search, or the index was rebuilt
+            stage = CandidateStage(self.index.shards(), self.ann, self.quantizer, self.search_effort, self.device,
+                                   verbose=self.verbose)
+            # with the offsets (where each document's rows start), the row table of the re-scoring
+            self._stage = (meta, stage, np.diff(offsets))
+        _, stage, lengths = self._stage
+        hits = stage.search(np.concatenate(queries), self.candidates)
+        vector_counts = np.array([len(q) for q in queries])
+        first_rows = np.cumsum(vector_counts) - vector_counts
+        batches = range(0, len(queries), self.batch_size)
+        if self.verbose:
+            batches = pt.tqdm(batches, desc=repr(self), unit='batch')
+        results = []
+        for start in batches:
+            stop = min(len(queries), start + self.batch_size)
+            docids = candidate_documents(hits[first_rows[start]:first_rows[stop - 1] + vector_counts[stop - 1]],
+                                         vector_counts[start:stop])
+            per_query = 4 * docids.shape[1] * _widest(docids, lengths) * meta['dim']
+            step = max(1, self.tile_bytes // max(1, per_query))  # as many queries as fit in a tile, at least one
+            batch = queries[start:stop]
+            for first in range(0, len(batch), step):
+                chunk = docids[first:first + step]
+                chunk = chunk[:, :int((chunk >= 0).sum(axis=1).max())]
+                results.append(self._rescore(batch[first:first + step], chunk, vectors, offsets, lengths))
         return results
+
+    def _rescore(self, queries, docids: np.ndarray, vectors, offsets, lengths) -> Tuple[np.ndarray, ...]:
+        """Exact MaxSim of queries against their candidates (``docids``, ascending, -1 padded) in one padded
+        (queries x candidates x document vectors) product; returns each query's top (scores, docids, count)."""
+        count, width = docids.shape
+        found = np.minimum((docids >= 0).sum(axis=1), self.num_results)
+        if width == 0:
+            return np.zeros((count, 0), dtype=np.float32), docids, found
+        valid = docids >= 0
+        safe = np.where(valid, docids, 0)
+        starts, ends = offsets[safe], offsets[safe] + lengths[safe]
+        widest = _widest(docids, lengths)
+        # each document's rows, its last row repeated up to the widest candidate (a repeat leaves the max as it is)
+        rows = np.minimum(starts[:, :, None] + np.arange(widest), ends[:, :, None] - 1)
+        doc_vectors = torch.from_numpy(np.require(vectors[rows.reshape(-1)], requirements=['C', 'W']))
+        doc_vectors = doc_vectors.to(self.device).float().view(count, width * widest, -1)
+        padded, query_lengths = padded_queries(queries)  # zero rows: a max of 0, which adds nothing to the sum
+        sims = torch.bmm(torch.from_numpy(padded).to(self.device), doc_vectors.transpose(1, 2))
+        scores = sims.view(count, -1, width, widest).amax(dim=3).sum(dim=1)
+        if self.aggregate == 'mean':
+            scores = scores / torch.from_numpy(query_lengths).to(self.device)[:, None]
+        scores = scores.masked_fill(~torch.from_numpy(valid).to(self.device), -torch.inf)
+        scores, order = scores.sort(dim=1, descending=True, stable=True)  # ties: ascending docid, as docids are
+        keep = min(width, self.num_results)
+        return scores[:, :keep].cpu().numpy(), np.take_along_axis(docids, order[:, :keep].cpu().numpy(), 1), found
 
     def fuse_rank_cutoff(self, k: int):
         """``retriever % k`` with ``k`` below ``num_results`` becomes a retriever of ``k`` results."""
@@ -182,13 +230,15 @@ class MaxSimScorer(pt.Transformer):
     schematic = {'label': 'MaxSim scorer'}
 
     def __init__(self, index, *, aggregate: str = 'mean', num_results: Optional[int] = None,
-                 device: Optional[str] = None, verbose: bool = False):
+                 device: Optional[str] = None, threads: Optional[int] = None, verbose: bool = False):
         """
         Args:
-            index: The :class:`MultiVectorIndex` that holds the documents' vectors.
+            index: The :class:`MultiVectorIndex` (or :class:`ShardedMultiVectorIndex`) that holds the documents'
+                vectors.
             aggregate: ``mean`` or ``sum`` over the query's vectors.
             num_results: Keep only this many re-scored documents per query (default: all).
             device: torch device for scoring.
+            threads: CPU threads of torch while scoring (default: ``torch.get_num_threads()``), restored after.
             verbose: Whether to show a progress bar over queries.
         """
         if aggregate not in AGGREGATES:
@@ -197,6 +247,7 @@ class MaxSimScorer(pt.Transformer):
         self.aggregate = aggregate
         self.num_results = num_results
         self.device = resolve_device(device)
+        self.threads = check_threads(threads)
         self.verbose = verbose
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
@@ -210,9 +261,10 @@ class MaxSimScorer(pt.Transformer):
         groups = inp.groupby('qid', sort=False).indices.items()
         if self.verbose:
             groups = pt.tqdm(groups, desc=repr(self), unit='q')
-        for qid, rows in groups:
-            query = torch.from_numpy(query_embs(inp['query_embs'].iloc[rows[0]], meta['dim'], qid)).to(self.device)
-            scores[rows] = score_documents(query, docids[rows], vectors, offsets, self.aggregate)
+        with cpu_threads(self.threads):
+            for qid, rows in groups:
+                query = torch.from_numpy(query_embs(inp['query_embs'].iloc[rows[0]], meta['dim'], qid))
+                scores[rows] = score_documents(query.to(self.device), docids[rows], vectors, offsets, self.aggregate)
         out = pt.model.add_ranks(inp.assign(score=scores))
         if self.num_results is not None:
             out = out[out['rank'] < self.num_results].reset_index(drop=True)
@@ -280,20 +332,72 @@ def document_blocks(offsets: np.ndarray, block_vectors: int) -> List[Tuple[int, 
     return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def ranked(scores: np.ndarray, docids: np.ndarray, limit: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
-    """Sorts by score descending (docid ascending on ties) and keeps the top ``limit``."""
-    order = np.lexsort((docids, -scores))[:limit]
-    return scores[order], docids[order]
+def keep_best(best_scores, best_docids, scores, first: int, k: int):
+    """Merges the scores of documents ``first, first + 1, ...`` into each query's running top ``k`` (sorted by
+    score, then docid; the documents follow all those already seen)."""
+    docids = torch.arange(first, first + scores.shape[1], device=scores.device).expand(len(scores), -1)
+    merged, order = torch.cat([best_scores, scores], dim=1).sort(dim=1, descending=True, stable=True)
+    return merged[:, :k], torch.cat([best_docids, docids], dim=1).gather(1, order[:, :k])
+
+
+def candidate_documents(hits: np.ndarray, vector_counts: np.ndarray) -> np.ndarray:
+    """Each query's distinct candidate documents, ascending, padded with -1.
+
+    Args:
+        hits: ``(rows, k)`` documents found by the query vectors (-1: none), each query's rows one after another.
+        vector_counts: Number of vectors (rows) of each query.
+
+    Returns:
+        ``(queries, most candidates of a query)`` document ids.
+    """
+    count, most = len(vector_counts), int(vector_counts.max())
+    query = np.repeat(np.arange(count), vector_counts)
+    position = np.arange(len(hits)) - np.repeat(np.cumsum(vector_counts) - vector_counts, vector_counts)
+    per_query = np.full((count, most, hits.shape[1]), -1, dtype=np.int64)
+    per_query[query, position] = hits
+    found = np.sort(per_query.reshape(count, -1), axis=1)
+    keep = found >= 0
+    keep[:, 1:] &= found[:, 1:] != found[:, :-1]
+    docids = np.full((count, int(keep.sum(axis=1).max())), -1, dtype=np.int64)
+    docids[np.nonzero(keep)[0], (np.cumsum(keep, axis=1) - 1)[keep]] = found[keep]
+    return docids
+
+
+def padded_queries(queries) -> Tuple[np.ndarray, np.ndarray]:
+    """Queries' vectors in one zero-padded ``(queries, most vectors, dim)`` array, and each query's count."""
+    lengths = np.array([len(q) for q in queries])
+    padded = np.zeros((len(queries), lengths.max(), queries[0].shape[1]), dtype=np.float32)
+    padded[np.repeat(np.arange(len(queries)), lengths),
+           np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)] = np.concatenate(queries)
+    return padded, lengths
+
+
+def _widest(docids: np.ndarray, lengths: np.ndarray) -> int:
+    """The most vectors of a document among ``docids`` (-1 padded)."""
+    valid = docids[docids >= 0]
+    return int(lengths[valid].max()) if len(valid) else 0
 
 
 def result_frame(queries: pd.DataFrame, results, docnos) -> pd.DataFrame:
-    """One row per (query, retrieved document), the query's columns repeated, with docno, docid, score, rank."""
-    counts = [len(docids) for _, docids in results]
+    """One row per (query, retrieved document), the query's columns repeated, with docno, docid, score, rank.
+
+    Args:
+        queries: The query frame.
+        results: ``(scores, docids, counts)`` of consecutive batches of queries: each query's ranking in a row of
+            ``scores`` and ``docids``, of which the first ``counts`` are results.
+        docnos: The index's docno lookup.
+    """
+    scores, docids, counts = [np.zeros(0, dtype=np.float32)], [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=int)]
+    for batch_scores, batch_docids, batch_counts in results:
+        kept = np.arange(batch_scores.shape[1]) < batch_counts[:, None]
+        scores.append(batch_scores[kept])
+        docids.append(batch_docids[kept].astype(np.int64))
+        counts.append(batch_counts)
+    counts, docids = np.concatenate(counts), np.concatenate(docids)
     out = queries.iloc[np.repeat(np.arange(len(queries)), counts)].reset_index(drop=True)
-    docids = np.concatenate([d for _, d in results] + [np.zeros(0, dtype=np.int64)]).astype(np.int64)
     return out.assign(
         docno=docnos.fwd[docids] if len(docids) else np.zeros(0, dtype=object),
         docid=docids,
-        score=np.concatenate([s for s, _ in results] + [np.zeros(0, dtype=np.float32)]),
-        rank=np.concatenate([np.arange(c) for c in counts] + [np.zeros(0, dtype=np.int64)]),
+        score=np.concatenate(scores),
+        rank=np.arange(len(docids)) - np.repeat(np.cumsum(counts) - counts, counts),
     )

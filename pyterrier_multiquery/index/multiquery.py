@@ -41,7 +41,8 @@ class MultiQueryRetriever(pt.Transformer):
             per_vector_results: Documents each query vector retrieves (default: ``num_results``).
             rrf_k: RRF's rank constant.
             verbose: Whether to show progress bars.
-            maxsim_args: Passed to the per-vector :class:`MaxSimRetriever` (``exact``, ``ann``, ``device``, ...).
+            maxsim_args: Passed to the per-vector :class:`MaxSimRetriever` (``exact``, ``ann``, ``device``, ``threads``,
+                ...).
         """
         from pyterrier_multiquery.index.maxsim import MaxSimRetriever
         if merge not in MERGES:
