@@ -11,3 +11,24 @@ def data_dir():
     if not path.is_dir():
         pytest.skip('shared data folder not found (set PYTERRIER_MULTIQUERY_DATA)')
     return path
+
+
+@pytest.fixture(scope='session')
+def save_tiny_bert(tmp_path_factory):
+    """``save(words)``: a random 2-layer BERT (seed 0) with a word-level tokenizer over ``words`` and BERT's special
+    tokens (a mask token included), saved as a checkpoint in a new folder; returns the folder."""
+    def save(words):
+        import torch
+        from tokenizers import Tokenizer, models, pre_tokenizers
+        from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+        path = tmp_path_factory.mktemp('tiny') / 'bert'
+        vocab = {w: i for i, w in enumerate(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + list(words))}
+        tokenizer = Tokenizer(models.WordLevel(vocab, unk_token='[UNK]'))
+        tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+        torch.manual_seed(0)
+        BertModel(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                             intermediate_size=64, max_position_embeddings=64)).save_pretrained(path)
+        PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token='[PAD]', unk_token='[UNK]', cls_token='[CLS]',
+                                sep_token='[SEP]', mask_token='[MASK]').save_pretrained(path)
+        return path
+    return save

@@ -39,20 +39,9 @@ def declared_entry_points(monkeypatch):
 
 
 @pytest.fixture(scope='module')
-def tiny_bert(tmp_path_factory):
-    """A random 2-layer BERT with a word-level tokenizer (with a mask token), saved as a checkpoint."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
-    path = tmp_path_factory.mktemp('tiny') / 'bert'
-    vocab = {w: i for i, w in enumerate(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + WORDS)}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token='[UNK]'))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=64)).save_pretrained(path)
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token='[PAD]', unk_token='[UNK]', cls_token='[CLS]',
-                            sep_token='[SEP]', mask_token='[MASK]').save_pretrained(path)
-    return path
+def tiny_bert(save_tiny_bert):
+    """A random 2-layer BERT with a word-level tokenizer over this module's words, saved as a checkpoint."""
+    return save_tiny_bert(WORDS)
 
 
 def randomised(model):
