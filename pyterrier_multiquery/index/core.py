@@ -30,6 +30,10 @@ class SearchableIndex:
     def __len__(self):
         return self.payload()[0]['doc_count']
 
+    def built(self) -> bool:
+        """Whether a finished index is at ``path``."""
+        return (self.path / 'pt_meta.json').exists()
+
     def maxsim_retriever(self, *, exact: bool = True, **kwargs) -> pt.Transformer:
         """MaxSim retrieval, exact or over ANN candidates (arguments as :class:`~.maxsim.MaxSimRetriever`)."""
         from pyterrier_multiquery.index.maxsim import MaxSimRetriever
@@ -78,10 +82,6 @@ class MultiVectorIndex(SearchableIndex, pta.Artifact, pt.Indexer):
         self.verbose = verbose
         self._payload = None
         self._meta_bytes = None
-
-    def built(self) -> bool:
-        """Whether a finished index is at ``path``."""
-        return (self.path / 'pt_meta.json').exists()
 
     def payload(self):
         """Loads and checks the index files, again whenever ``pt_meta.json`` shows the index was rebuilt.

@@ -57,10 +57,6 @@ class ShardedMultiVectorIndex(SearchableIndex, pta.Artifact, pt.Indexer):
         self._payload = None
         self._meta_bytes = None
 
-    def built(self) -> bool:
-        """Whether a finished sharded index is at ``path``."""
-        return (self.path / 'pt_meta.json').exists()
-
     def payload(self):
         """Loads and checks the shards, again whenever ``pt_meta.json`` shows the index was rebuilt.
 
