@@ -116,7 +116,7 @@ def parse_stage(stage: str):
     """'flat', 'ivf', 'ivf+SQ8', 'ivf+PQ16' -> (kind, quantizer)."""
     kind, _, quantizer = stage.partition('+')
     faiss_factory(kind, quantizer or None, 1)
-    return kind, quantizer or None
+    return kind, quantizer or 'Flat'
 
 
 class IndexSystem:

@@ -7,6 +7,7 @@ import pyterrier as pt
 import pytest
 
 from pyterrier_multiquery.index import CorruptIndexError, MultiVectorIndex
+from pyterrier_multiquery.index.ann import faiss_factory
 from pyterrier_multiquery.index.multiquery import round_robin
 from pyterrier_multiquery.index.synthetic import clustered_collection
 
@@ -81,10 +82,22 @@ def test_approximate_recall_on_20k_passages(tmp_path):
     recall = np.mean([len(set(exact[exact.qid == q].docno) & set(approx[approx.qid == q].docno)) / 10
                       for q in topics.qid])
     assert recall >= 0.99
-    # the FAISS stage is cached in the index folder and reused
-    assert len(list((tmp_path / 'mvi').glob('ann.*.faiss'))) == 1
+    # the FAISS stage, IVF with 8-bit codes by default, is cached in the index folder and reused
+    vec_count = index.payload()[0]['vec_count']
+    assert [p.name for p in (tmp_path / 'mvi').glob('ann.*.faiss')] == [f'ann.IVF{int(4 * vec_count ** 0.5)}_SQ8.faiss']
     again = MultiVectorIndex(tmp_path / 'mvi', verbose=False).maxsim_retriever(exact=False, num_results=10)(topics)
     pd.testing.assert_frame_equal(again[['qid', 'docno', 'rank']], approx[['qid', 'docno', 'rank']])
+
+
+def test_candidate_stage_storage():
+    assert [faiss_factory(kind, None, 10_000) for kind in ('flat', 'ivf', 'hnsw')] == ['Flat', 'IVF400,SQ8', 'HNSW32']
+    assert [faiss_factory(kind, 'Flat', 10_000) for kind in ('flat', 'ivf', 'hnsw')] == ['Flat', 'IVF400,Flat',
+                                                                                         'HNSW32']
+    assert faiss_factory('hnsw', 'PQ8', 10_000) == 'HNSW32_PQ8'
+    with pytest.raises(ValueError, match="quantizer must be None, Flat, SQ8, SQ4, SQfp16 or PQ<m>, got 'PQ'"):
+        faiss_factory('ivf', 'PQ', 10_000)
+    with pytest.raises(ValueError, match="ANN kind must be one of"):
+        faiss_factory('lsh', None, 10_000)
 
 
 def test_approximate_with_quantisers_and_hnsw(collection):

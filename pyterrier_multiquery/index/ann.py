@@ -11,6 +11,24 @@ from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import remove_stale
 
 ANN_KINDS = ('flat', 'ivf', 'hnsw')
+#: The storage each kind gets when no quantizer is named: IVF keeps 8-bit codes (143 bytes per 128-dimensional
+#: vector instead of 527, at the same recall in experiments/results/bench_index.md); flat and HNSW keep float32.
+DEFAULT_STORAGE = {'flat': 'Flat', 'ivf': 'SQ8', 'hnsw': 'Flat'}
+
+
+def ann_storage(kind: str, quantizer: Optional[str]) -> str:
+    """The FAISS storage of an ANN stage: ``quantizer``, or the kind's :data:`DEFAULT_STORAGE` where it is None.
+
+    Raises:
+        ValueError: For an unknown kind or quantizer.
+    """
+    if kind not in ANN_KINDS:
+        raise ValueError(f'ANN kind must be one of {ANN_KINDS}, got {kind!r}')
+    if quantizer is None:
+        return DEFAULT_STORAGE[kind]
+    if not (quantizer in ('Flat', 'SQ8', 'SQ4', 'SQfp16') or (quantizer.startswith('PQ') and quantizer[2:].isdigit())):
+        raise ValueError(f'quantizer must be None, Flat, SQ8, SQ4, SQfp16 or PQ<m>, got {quantizer!r}')
+    return quantizer
 
 
 def faiss_factory(kind: str, quantizer: Optional[str], vec_count: int) -> str:
@@ -18,20 +36,16 @@ def faiss_factory(kind: str, quantizer: Optional[str], vec_count: int) -> str:
 
     Args:
         kind: ``flat`` (exhaustive), ``ivf`` (inverted file with ``4 * sqrt(n)`` lists) or ``hnsw`` (HNSW, 32 links).
-        quantizer: ``None`` (float32 vectors), ``SQ8``/``SQfp16`` (scalar) or ``PQ<m>`` (product quantiser).
+        quantizer: ``Flat`` (float32 vectors), ``SQ8``/``SQ4``/``SQfp16`` (scalar) or ``PQ<m>`` (product
+            quantiser); None for the kind's :data:`DEFAULT_STORAGE`.
         vec_count: Number of vectors to be indexed (sets the number of IVF lists).
     """
-    if kind not in ANN_KINDS:
-        raise ValueError(f'ANN kind must be one of {ANN_KINDS}, got {kind!r}')
-    if quantizer is not None and not (quantizer in ('SQ8', 'SQ4', 'SQfp16') or
-                                      (quantizer.startswith('PQ') and quantizer[2:].isdigit())):
-        raise ValueError(f'quantizer must be None, SQ8, SQ4, SQfp16 or PQ<m>, got {quantizer!r}')
-    storage = quantizer or 'Flat'
+    storage = ann_storage(kind, quantizer)
     if kind == 'flat':
         return storage
     if kind == 'ivf':
         return f'IVF{max(1, int(4 * math.sqrt(vec_count)))},{storage}'
-    return 'HNSW32' if quantizer is None else f'HNSW32_{storage}'
+    return 'HNSW32' if storage == 'Flat' else f'HNSW32_{storage}'
 
 
 def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, verbose: bool = True):

@@ -52,7 +52,7 @@ class MaxSimRetriever(pt.Transformer):
     scored: the stored vectors are read in blocks of about ``block_vectors`` (each block once, for all queries) and
     scored in tiles of about ``tile_bytes`` (a float16 index is converted to float32 a tile at a time). With
     ``exact=False`` each query vector first takes its ``candidates`` nearest stored vectors from a FAISS index
-    (``ann``: flat, ivf or hnsw, with an optional ``quantizer``; built once and cached in the index folder; one
+    (``ann``: flat, ivf or hnsw, storing ``quantizer`` codes; built once and cached in the index folder; one
     search for all the queries of a frame), and exact MaxSim is computed over their documents only, for as many
     queries at once as ``batch_size`` and ``tile_bytes`` allow. Ties are broken by the documents' order in the
     index. Scoring runs in torch on ``device`` (CUDA when available), FAISS search on the GPU when FAISS has GPU
@@ -73,7 +73,8 @@ class MaxSimRetriever(pt.Transformer):
             aggregate: ``mean`` or ``sum`` over the query's vectors.
             exact: Score every document (True) or only the ANN candidates (False).
             ann: FAISS index kind for the candidates: ``flat``, ``ivf`` or ``hnsw``.
-            quantizer: FAISS storage of the ANN stage: None, ``SQ8``, ``SQ4``, ``SQfp16`` or ``PQ<m>``.
+            quantizer: FAISS storage of the ANN stage: ``Flat`` (float32), ``SQ8``, ``SQ4``, ``SQfp16`` or
+                ``PQ<m>``; None for the kind's default (``SQ8`` for ivf, ``Flat`` for flat and hnsw).
             candidates: Stored vectors fetched per query vector by the ANN stage.
             search_effort: IVF lists probed (``nprobe``) or HNSW ``efSearch``.
             device: torch device for scoring (default: CUDA if available, else CPU).
@@ -86,18 +87,17 @@ class MaxSimRetriever(pt.Transformer):
             drop_query_embs: Whether to drop ``query_embs`` from the output.
             verbose: Whether to show progress bars.
         """
-        from pyterrier_multiquery.index.ann import faiss_factory
+        from pyterrier_multiquery.index.ann import ann_storage
         if aggregate not in AGGREGATES:
             raise ValueError(f'aggregate must be one of {AGGREGATES}, got {aggregate!r}')
         if num_results < 1 or candidates < 1:
             raise ValueError(f'num_results and candidates must be positive, got {num_results} and {candidates}')
-        faiss_factory(ann, quantizer, 1)  # checks ann and quantizer
         self.index = index
         self.num_results = num_results
         self.aggregate = aggregate
         self.exact = exact
         self.ann = ann
-        self.quantizer = quantizer
+        self.quantizer = ann_storage(ann, quantizer)  # checks both
         self.candidates = candidates
         self.search_effort = search_effort
         self.device = resolve_device(device)
@@ -218,7 +218,8 @@ class MaxSimRetriever(pt.Transformer):
         return hash((MaxSimRetriever, self._key()))
 
     def __repr__(self):
-        mode = 'exact=True' if self.exact else f'exact=False, ann={self.ann!r}, candidates={self.candidates}'
+        mode = 'exact=True' if self.exact else \
+            f'exact=False, ann={self.ann!r}, quantizer={self.quantizer!r}, candidates={self.candidates}'
         return f'{self.index!r}.maxsim_retriever(num_results={self.num_results}, aggregate={self.aggregate!r}, {mode})'
 
 

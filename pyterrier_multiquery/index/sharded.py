@@ -35,7 +35,8 @@ class ShardedMultiVectorIndex(SearchableIndex, pta.Artifact, pt.Indexer):
     mean, the MaxSim scorer) ranks as one :class:`MultiVectorIndex` holding the same documents in that order would,
     ties included (broken by that order). The approximate search has a FAISS stage per shard, and merges their
     hits by score: with an exhaustive stage (``ann='flat'``) the candidates, and so the rankings, are the
-    unsharded index's; with IVF or HNSW they approximate them as each shard's own lists or graph do.
+    unsharded index's; with IVF or HNSW they approximate them as each shard's own lists or graph do, and 8-bit codes
+    (the IVF default) as each shard's own value ranges do.
 
     Files: ``pt_meta.json`` (the shards' folder names and build ids) and the shard folders ``shard-000``, ...,
     each a :class:`MultiVectorIndex`, written by :meth:`indexer` from one corpus or assembled by :meth:`from_shards`
