@@ -3,11 +3,13 @@ paraphrase queries for SciFact documents, into the query cache.
 
     python experiments/generate_queries.py [--device cuda] [--batch-size 256] [--time-limit 540]
 
-Jobs, in this order (each a prompt, M queries per document, and the documents):
+Jobs, in this order (each a prompt, M queries per document, and the documents), exactly what the experiments read
+at their defaults:
 
-- ``5w1h``, M = 5, every document (QAEncoder);
-- ``diverse`` and ``paraphrase``, M = 3 and M = 1, every document (CDP training pairs);
-- ``diverse`` and ``paraphrase``, M = 5, the Q-D sample (``--qd-sample`` documents, as ``cdp.py`` draws them).
+- ``5w1h``, M = 5, every document (``qaencoder.py``);
+- ``diverse`` and ``paraphrase``, M = 1, 3 and 5, the Q-D sample (``--qd-sample`` documents, as ``cdp.py`` draws
+  them);
+- ``diverse`` and ``paraphrase``, M = 1 and 3, the training documents (``--train-docs``, as ``cdp.py`` draws them).
 
 The cache (SQLite, keyed by model, settings and prompt) is filled a chunk of documents at a time, so a run stopped by
 ``--time-limit`` keeps what it generated and the next run goes on from there. The experiments build the same
@@ -21,11 +23,12 @@ from pathlib import Path
 import pyterrier as pt
 
 from pyterrier_multiquery import systems
-from pyterrier_multiquery.evaluation import document_sample, experiment_parser
+from pyterrier_multiquery.evaluation import corpus_subset, document_sample, experiment_parser
 from pyterrier_multiquery.generation import QueryGenerator
 from pyterrier_multiquery.loaders import load_dataset
 
 QUERIES = Path(__file__).parent / 'cache' / 'querygen.sqlite'
+PROMPTS = ('diverse', 'paraphrase')  # the CDP prompts cdp.py compares
 
 
 def main():
@@ -37,13 +40,16 @@ def main():
     parser.add_argument('--chunk', type=int, default=1024, help='documents generated (and cached) together')
     parser.add_argument('--time-limit', type=float, default=float('inf'), help='seconds; no chunk starts after')
     parser.add_argument('--qd-sample', type=int, default=300, help='documents of the Q-D sample')
+    parser.add_argument('--train-docs', type=int, default=1500, help='documents of the CDP training pairs')
     args = parser.parse_args()
     start = time.perf_counter()
     model = systems.query_generator(args.queries, gguf=args.gguf, device=args.device, batch_size=args.batch_size)
-    corpus = systems.generation_corpus(load_dataset(str(args.data_root / 'scifact')))
+    scifact = load_dataset(str(args.data_root / 'scifact'))
+    corpus = systems.generation_corpus(scifact)
     sample = document_sample(corpus, args.qd_sample, seed=args.seed)
-    jobs = [('5w1h', 5, corpus), ('diverse', 3, corpus), ('paraphrase', 3, corpus), ('diverse', 1, corpus),
-            ('paraphrase', 1, corpus), ('diverse', 5, sample), ('paraphrase', 5, sample)]
+    train = corpus_subset(corpus, scifact.get_qrels('test'), args.train_docs, seed=args.seed)
+    jobs = [('5w1h', 5, corpus)] + [(prompt, m, sample) for prompt in PROMPTS for m in (1, 3, 5)] + \
+        [(prompt, m, train) for m in (1, 3) for prompt in PROMPTS]
     for prompt, num_queries, docs in jobs:
         querygen = QueryGenerator(model, prompt, num_queries=num_queries)
         for first in pt.tqdm(range(0, len(docs), args.chunk), desc=f'{prompt} M={num_queries}', unit='chunk'):
