@@ -3,7 +3,7 @@
     python experiments/bench_index.py [--docs 20000 100000] [--vectors 8 --dim 128 --queries 200 --repeats 5]
                                       [--threads N] [--dtype float32|float16] [--stages flat ivf ivf+SQ8 [ivf+PQ16]]
                                       [--candidates 16 32 64 128 256 512] [--pylate-python /venv/bin/python]
-    python experiments/bench_index.py --scale [--docs 1000000] [--dtype float16]   # the streamed large run
+    python experiments/bench_index.py --scale [--docs 1000000]  # the streamed run: float16, 512 to 8192 candidates
 
 The workload is pyterrier_multiquery.index.synthetic.clustered_collection (vectors around topic centres, queries
 drawn near documents), written to a MultiVectorIndex by streaming (a generator: the corpus is never in memory).
@@ -476,10 +476,12 @@ def main():
     parser.add_argument('--query-vectors', type=int, default=8)
     parser.add_argument('--repeats', type=int, default=5, help='interleaved timing rounds (at least 3)')
     parser.add_argument('--threads', type=int, default=torch.get_num_threads())
-    parser.add_argument('--dtype', default='float32', choices=('float32', 'float16'))
+    parser.add_argument('--dtype', choices=('float32', 'float16'), help='stored vectors (default float32; float16 '
+                        'with --scale)')
     parser.add_argument('--stages', nargs='+', help='candidate stages (default flat ivf ivf+SQ8; ivf+SQ8 with '
                         '--scale; ivf+PQ16 also works, but FAISS trains it slowly: 44 s single-threaded at 2000 docs)')
-    parser.add_argument('--candidates', type=int, nargs='+', default=[16, 32, 64, 128, 256, 512])
+    parser.add_argument('--candidates', type=int, nargs='+', help='candidates per query vector (default 16 to 512 '
+                        'by doubling; 512 to 8192 with --scale)')
     parser.add_argument('--scale', action='store_true', help='the large streamed run (see above)')
     parser.add_argument('--exact-queries', type=int, help='queries searched exactly (default all; 32 with --scale)')
     parser.add_argument('--no-memory', dest='memory', action='store_false', help='skip the memory subprocesses')
@@ -493,6 +495,8 @@ def main():
     args.docs = args.docs or [1_000_000 if args.scale else 20_000]
     args.stages = args.stages or (['ivf+SQ8'] if args.scale else ['flat', 'ivf', 'ivf+SQ8'])
     args.exact_queries = args.exact_queries or (32 if args.scale else None)
+    args.dtype = args.dtype or ('float16' if args.scale else 'float32')
+    args.candidates = args.candidates or ([512, 1024, 2048, 4096, 8192] if args.scale else [16, 32, 64, 128, 256, 512])
     start, work = time.perf_counter(), Path(args.work_dir or tempfile.mkdtemp(prefix='bench_index-'))
     work.mkdir(parents=True, exist_ok=True)
     results = [bench_size(docs, args, work) for docs in args.docs]
