@@ -14,7 +14,7 @@ at their defaults:
 The cache (SQLite, keyed by model, settings and prompt) is filled a chunk of documents at a time, so a run stopped by
 ``--time-limit`` keeps what it generated and the next run goes on from there. The experiments build the same
 generator (:func:`pyterrier_multiquery.systems.query_generator`), so they find every query here and generate only
-what is missing. The cache stays out of the repository: on a CPU filling it takes about 4 s per document, so
+what is missing. The cache stays out of the repository: on a CPU filling it takes about 3 s per document, so
 generate on a GPU and copy the file.
 """
 import time
