@@ -56,7 +56,7 @@ import torch
 from pyterrier_multiquery._device import cpu_threads
 from pyterrier_multiquery.evaluation import write_report
 from pyterrier_multiquery.index import MultiVectorIndex
-from pyterrier_multiquery.index.ann import faiss_factory, load_or_build, set_search_effort
+from pyterrier_multiquery.index.ann import ann_file, ann_storage, load_or_build, set_search_effort
 from pyterrier_multiquery.index.maxsim import document_blocks
 from pyterrier_multiquery.index.synthetic import clustered_collection
 
@@ -115,8 +115,7 @@ def _proc_status(key: str) -> int:
 def parse_stage(stage: str):
     """'flat', 'ivf', 'ivf+SQ8', 'ivf+PQ16' -> (kind, quantizer)."""
     kind, _, quantizer = stage.partition('+')
-    faiss_factory(kind, quantizer or None, 1)
-    return kind, quantizer or 'Flat'
+    return kind, ann_storage(kind, quantizer or 'Flat')  # checks both; no '+': float32 vectors
 
 
 class IndexSystem:
@@ -242,11 +241,6 @@ def spec(impl: str, stage=None, candidates=None, queries=None) -> dict:
 
 def folder_bytes(path: Path, skip_ann: bool = True) -> int:
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file() and not (skip_ann and f.name.startswith('ann.')))
-
-
-def stage_file(index, stage: str) -> Path:
-    kind, quantizer = parse_stage(stage)
-    return index.path / f'ann.{faiss_factory(kind, quantizer, index.payload()[0]["vec_count"]).replace(",", "_")}.faiss'
 
 
 def recall(found: np.ndarray, exact: np.ndarray) -> float:
@@ -411,17 +405,17 @@ def bench_size(docs: int, args, work: Path) -> tuple:
     for i, s in enumerate(specs):
         reference = seconds[i if s['impl'] == 'reference' else i + 1]
         stage = s['stage']
-        size = base + (stage_file(index, stage).stat().st_size if stage else 0)
+        size = base + (ann_file(index, *parse_stage(stage)).stat().st_size if stage else 0)
         same_stage = [p for p in probed if p['impl'] == s['impl'] and p['stage'] == stage]
         rows.append(row(s, seconds[i], s['queries'], reference, tops[i], exact,
                         build_s + (stage_builds[stage][0] if stage else 0), size / vec_count,
                         memory[json.dumps(same_stage[0])]))
     table = pd.DataFrame(rows)
     result = verdict(docs, table)
+    reference = result.pop('reference')
     if args.pylate_python:
         table = pd.concat([table, pd.DataFrame(pylate_rows(run_pylate(args, index, queries, exact, work),
-                                                           len(queries), result.pop('reference')))])
-    result.pop('reference', None)
+                                                           len(queries), reference))])
     builds = {'docs': str(docs), 'vectors': vec_count, 'index build s': build_s,
               'index build peak anon MiB': build_anon, 'index bytes/vector': base / vec_count,
               **{f'{st} build s': b[0] for st, b in stage_builds.items()},

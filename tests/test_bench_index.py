@@ -43,14 +43,11 @@ def test_references_find_the_index_top_10(bench, tmp_path, dtype):
         assert 0 < bench.recall(found, exact_top) <= 1
 
 
-def test_tiny_run_writes_the_report(tmp_path, monkeypatch, capsys):
+def test_tiny_run_writes_the_report(bench, tmp_path, monkeypatch, capsys):
     out = tmp_path / 'report'
     monkeypatch.setattr(sys, 'argv', [str(SCRIPT), '--docs', '300', '--dim', '16', '--queries', '6', '--repeats', '3',
                                       '--stages', 'flat', '--candidates', '4', '64', '--no-memory', '--out', str(out)])
-    spec = importlib.util.spec_from_file_location('bench_index_main', SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main()
+    bench.main()
     report = json.loads(out.with_suffix('.json').read_text())
     rows = report['tables']['300 documents']
     assert [r['system'] for r in rows] == ['index exact', 'reference exact'] + ['index approx flat',

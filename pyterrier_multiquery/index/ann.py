@@ -48,6 +48,12 @@ def faiss_factory(kind: str, quantizer: Optional[str], vec_count: int) -> str:
     return 'HNSW32' if storage == 'Flat' else f'HNSW32_{storage}'
 
 
+def ann_file(index, kind: str = 'ivf', quantizer: Optional[str] = None) -> Path:
+    """Where the FAISS index of ``index``'s vectors for (kind, quantizer) is kept: in the index folder."""
+    factory = faiss_factory(kind, quantizer, index.payload()[0]['vec_count'])
+    return Path(index.path) / f'ann.{factory.replace(",", "_")}.faiss'
+
+
 def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, verbose: bool = True):
     """Loads the FAISS index of ``index``'s vectors for (kind, quantizer), building and caching it the first time.
 
@@ -63,7 +69,7 @@ def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, 
     from pyterrier_multiquery.index.core import CorruptIndexError
     meta, vectors, _, _ = index.payload()
     factory = faiss_factory(kind, quantizer, meta['vec_count'])
-    path = Path(index.path) / f'ann.{factory.replace(",", "_")}.faiss'
+    path = ann_file(index, kind, quantizer)
     if path.exists():
         try:
             return faiss.read_index(str(path))
