@@ -349,7 +349,9 @@ def line_figure(frame: pd.DataFrame, x: str, y: str, *, line, panel: Optional[st
     """
     with requires('experiments'):
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     panels = list(dict.fromkeys(frame[panel])) if panel else [None]
+    integer_x = pd.api.types.is_integer_dtype(frame[x])
     fig, axes = plt.subplots(1, len(panels), figsize=(size[0] * len(panels), size[1]), squeeze=False)
     for ax, name in zip(axes[0], panels):
         part = frame if panel is None else frame[frame[panel] == name]
@@ -359,6 +361,8 @@ def line_figure(frame: pd.DataFrame, x: str, y: str, *, line, panel: Optional[st
         ax.set_title('' if name is None else str(name), fontsize=10)
         ax.set_xlabel(x)
         ax.set_ylabel(ylabel or y)
+        if integer_x:  # M, epochs: no ticks between whole values
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
     return fig

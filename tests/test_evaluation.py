@@ -109,6 +109,14 @@ def test_line_figure_panels_and_lines():
     assert list(fig.axes[1].lines[1].get_ydata()) == [6, 7]
 
 
+def test_line_figure_ticks_whole_values_of_an_integer_x():
+    frame = pd.DataFrame({'M': [3, 5, 3, 5], 'value': [1., 2., 3., 4.], 'prompt': list('aabb')})
+    ticks = line_figure(frame, 'M', 'value', line='prompt').axes[0].get_xticks()
+    assert len(ticks) and all(t == int(t) for t in ticks)
+    fractional = line_figure(frame.astype({'M': float}), 'M', 'value', line='prompt').axes[0].get_xticks()
+    assert any(t != int(t) for t in fractional)  # a float x keeps matplotlib's own ticks
+
+
 @pytest.mark.parametrize('missing', ['qid', 'label'])
 def test_cross_validate_checks_qrels(missing):
     qrels = pd.DataFrame({'qid': ['a'], 'docno': ['d'], 'label': [1]}).drop(columns=[missing])
