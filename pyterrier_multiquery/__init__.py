@@ -50,6 +50,7 @@ _ATTRIBUTES = {
     'PromptReps': 'diffretriever',
     'HybridRetriever': 'diffretriever',
     'AMER': 'amer',
+    'EncoderAMER': 'amer',
     'AMERQueryEncoder': 'amer',
     'DenseFirstStage': 'systems',
     'baseline_systems': 'systems',

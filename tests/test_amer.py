@@ -264,15 +264,15 @@ def minilm_query_vectors():
 @pytest.mark.parametrize('train_encoder', ['lora', 'none', 'full'])
 def test_untrained_encoder_amer_emits_the_encoders_query_vector_every_step(minilm_path, minilm_query_vectors,
                                                                           train_encoder):
-    from pyterrier_multiquery.amer import AMER
-    model = AMER.from_encoder(minilm_path, num_vectors=3, train_encoder=train_encoder)
+    from pyterrier_multiquery.amer import EncoderAMER
+    model = EncoderAMER.from_encoder(minilm_path, num_vectors=3, train_encoder=train_encoder)
     vectors = model.encode(QUERIES)
     assert vectors.shape == (3, 3, 384)
     assert np.abs(vectors - minilm_query_vectors[:, None]).max() < 1e-5
 
 
 def test_untrained_encoder_amer_ranks_as_the_single_vector_retriever(minilm_path, tmp_path):
-    from pyterrier_multiquery.amer import AMER, AMERQueryEncoder
+    from pyterrier_multiquery.amer import EncoderAMER, AMERQueryEncoder
     from pyterrier_multiquery.baselines import minilm
     from pyterrier_multiquery.index import MultiVectorIndex
     texts = ['brazil won the world cup', 'france won the world cup in 1998', 'tbilisi is the capital of georgia',
@@ -282,7 +282,8 @@ def test_untrained_encoder_amer_ranks_as_the_single_vector_retriever(minilm_path
     index.index(docs[['docno', 'doc_vec']].to_dict('records'))
     queries = pd.DataFrame({'qid': ['1', '2', '3'], 'query': QUERIES})
     single = (minilm().query_encoder() >> pt_dense_retriever(docs))(queries)
-    amer = AMERQueryEncoder(AMER.from_encoder(minilm_path, num_vectors=2)) >> index.multiquery_retriever(num_results=6)
+    amer = (AMERQueryEncoder(EncoderAMER.from_encoder(minilm_path, num_vectors=2))
+            >> index.multiquery_retriever(num_results=6))
     merged = amer(queries)
     assert merged.groupby('qid')['docno'].agg(list).to_dict() == single.groupby('qid')['docno'].agg(list).to_dict()
 
@@ -303,9 +304,9 @@ def pt_dense_retriever(docs: pd.DataFrame):
 
 def test_encoder_amer_trains_its_later_vectors_and_round_trips(minilm_path, tmp_path):
     import torch
-    from pyterrier_multiquery.amer import AMER, AMERQueryEncoder, AMERTrainer
+    from pyterrier_multiquery.amer import AMER, EncoderAMER, AMERQueryEncoder, AMERTrainer
     torch.manual_seed(0)
-    model = AMER.from_encoder(minilm_path, num_vectors=2, train_encoder='lora')
+    model = EncoderAMER.from_encoder(minilm_path, num_vectors=2, train_encoder='lora')
     rng = np.random.default_rng(0)
     unit = lambda a: (a / np.linalg.norm(a, axis=-1, keepdims=True)).astype(np.float32)  # noqa: E731
     targets = [unit(rng.standard_normal((2, 384))) for _ in QUERIES]
@@ -324,12 +325,12 @@ def test_encoder_amer_trains_its_later_vectors_and_round_trips(minilm_path, tmp_
 
 
 def test_encoder_amer_rejects_bad_settings_and_inputs(minilm_path, tmp_path):
-    from pyterrier_multiquery.amer import AMER, AMERTrainer
+    from pyterrier_multiquery.amer import EncoderAMER, AMERTrainer
     with pytest.raises(ValueError, match='train_encoder'):
-        AMER.from_encoder(minilm_path, train_encoder='some')
+        EncoderAMER.from_encoder(minilm_path, train_encoder='some')
     with pytest.raises(FileNotFoundError, match='no config.json'):
-        AMER.from_encoder(tmp_path)
-    model = AMER.from_encoder(minilm_path, num_vectors=2, train_encoder='none')
+        EncoderAMER.from_encoder(tmp_path)
+    model = EncoderAMER.from_encoder(minilm_path, num_vectors=2, train_encoder='none')
     assert {n.split('.')[0] for n, p in model.named_parameters() if p.requires_grad} == {'in_proj', 'out_proj'}
     with pytest.raises(ValueError, match='text queries'):
         model.encode(np.zeros((1, 384), dtype=np.float32))

@@ -57,15 +57,15 @@ def make(kind: str, tiny_bert: Path):
     """A model of ``kind`` with random weights, and a function of it whose output the round trip keeps."""
     if kind == 'amer':
         from transformers import LlamaConfig
-        from pyterrier_multiquery.amer import AMER
+        from pyterrier_multiquery.amer import AMER, EncoderAMER
         config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                              num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
         queries = np.random.default_rng(0).normal(size=(3, 8)).astype(np.float32)
         return randomised(AMER.from_backbone(config, doc_dim=8, num_vectors=2, lora=False)), \
             lambda m: m.encode(queries)
     if kind == 'encoder_amer':
-        from pyterrier_multiquery.amer import AMER
-        return randomised(AMER.from_encoder(tiny_bert, num_vectors=2, train_encoder='full')), \
+        from pyterrier_multiquery.amer import AMER, EncoderAMER
+        return randomised(EncoderAMER.from_encoder(tiny_bert, num_vectors=2, train_encoder='full')), \
             lambda m: m.encode(['who won the cup', 'which city'])
     if kind == 'jpr':
         from pyterrier_multiquery.jpr import JPRModel
@@ -90,10 +90,10 @@ def test_artifact_load_round_trip(kind, tiny_bert, tmp_path, declared_entry_poin
     model.save_pretrained(tmp_path / 'model')
     assert model.path == tmp_path / 'model'
     meta = json.loads((tmp_path / 'model' / 'pt_meta.json').read_text())
-    assert (meta['type'], meta['format']) == (model.ARTIFACT_TYPE, 'hf')
+    assert (meta['type'], meta['format']) == (model.ARTIFACT_TYPE, model.ARTIFACT_FORMAT)
     assert meta['package_hint'] == 'pyterrier-multiquery' and meta['package_version'] == __version__
     assert 'pt_meta.json' not in meta['files'] and all((tmp_path / 'model' / f).is_file() for f in meta['files'])
-    assert pt.inspect.artifact_type_format(model) == (model.ARTIFACT_TYPE, 'hf')
+    assert pt.inspect.artifact_type_format(model) == (model.ARTIFACT_TYPE, model.ARTIFACT_FORMAT)
     loaded = pt.Artifact.load(str(tmp_path / 'model'))
     assert type(loaded) is type(model) and loaded.path == tmp_path / 'model'
     np.testing.assert_array_equal(output(loaded), output(model))

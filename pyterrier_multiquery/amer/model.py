@@ -4,10 +4,11 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
 import numpy as np
+import pyterrier_alpha as pta
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building
-from pyterrier_multiquery._saved_model import SavedModel, check_saved, read_json, write_meta
+from pyterrier_multiquery._saved_model import SavedModel, check_saved, read_json, read_meta, write_meta
 
 with requires('dense'):
     import torch
@@ -94,17 +95,6 @@ class AMER(nn.Module, SavedModel):
             lm = with_lora(lm, LORA_TARGETS, lora_r, lora_alpha, lora_dropout, name=str(backbone))
         return cls(lm, tokenizer, doc_dim, num_vectors=num_vectors,
                    source={'path': str(backbone), 'gguf_file': gguf_file, 'lora': lora})
-
-    @classmethod
-    def from_encoder(cls, path: Union[str, Path], *, num_vectors: int = 3, **settings) -> 'AMER':
-        """A new AMER over the document encoder itself
-        (see :class:`~pyterrier_multiquery.amer.encoder_model.EncoderAMER`).
-
-        Untrained, its first vector is the encoder's own query vector. ``settings`` go to
-        :meth:`EncoderAMER.from_encoder <pyterrier_multiquery.amer.encoder_model.EncoderAMER.from_encoder>`.
-        """
-        from pyterrier_multiquery.amer.encoder_model import EncoderAMER
-        return EncoderAMER.from_encoder(path, num_vectors=num_vectors, **settings)
 
     def embed_text(self, texts: Sequence[str]):
         """Input embeddings and attention mask of ``texts`` (left-padded, so the last position is the last token)."""
@@ -195,14 +185,14 @@ class AMER(nn.Module, SavedModel):
     def from_pretrained(cls, path: Union[str, Path]) -> 'AMER':
         """An AMER saved by :meth:`save_pretrained`, its files checked against its ``pt_meta.json``."""
         path = Path(path)
+        meta = read_meta(path)
+        if meta is not None and meta.get('type') == cls.ARTIFACT_TYPE and meta.get('format') != cls.ARTIFACT_FORMAT:
+            # another kind of AMER (over an encoder, say): pt.Artifact.load finds its class by the format it saved
+            return pta.Artifact.load(str(path))
         if not check_saved(path, cls, CONFIG_NAME):
             raise FileNotFoundError(f'{path} is not a saved AMER model (no {CONFIG_NAME})')
         config = read_json(path / CONFIG_NAME)
-        if config['source'].get('backbone') == 'encoder':
-            from pyterrier_multiquery.amer.encoder_model import EncoderAMER
-            model = EncoderAMER.from_saved(path, config)
-        else:
-            model = cls.from_saved(path, config)
+        model = cls.from_saved(path, config)
         model.path = path
         return model
 

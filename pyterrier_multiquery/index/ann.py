@@ -9,6 +9,7 @@ import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import remove_stale
+from pyterrier_multiquery.index.errors import CorruptIndexError
 
 ANN_KINDS = ('flat', 'ivf', 'hnsw')
 #: The storage each kind gets when no quantizer is named: IVF keeps 8-bit codes (143 bytes per 128-dimensional
@@ -66,7 +67,6 @@ def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, 
     with requires('dense'):
         import faiss
 
-    from pyterrier_multiquery.index.core import CorruptIndexError
     meta, vectors, _, _ = index.payload()
     factory = faiss_factory(kind, quantizer, meta['vec_count'])
     path = ann_file(index, kind, quantizer)

@@ -14,13 +14,10 @@ import pyterrier as pt
 import pyterrier_alpha as pta
 
 from pyterrier_multiquery._files import building
+from pyterrier_multiquery.index.errors import CorruptIndexError
 
 _DTYPES = {'float32': ('vecs.f4', np.float32), 'float16': ('vecs.f2', np.float16)}
 _CHECKSUMMED = ('offsets.i8', 'docnos.npids')  # the vectors are not: checking them would read the whole corpus
-
-
-class CorruptIndexError(ValueError):
-    """Raised when the files of a MultiVectorIndex do not agree with each other or with ``pt_meta.json``."""
 
 
 class SearchableIndex:

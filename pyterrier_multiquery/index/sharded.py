@@ -16,9 +16,9 @@ import pyterrier as pt
 import pyterrier_alpha as pta
 
 from pyterrier_multiquery._files import _remove, building
+from pyterrier_multiquery.index.errors import CorruptIndexError
 from pyterrier_multiquery.index.core import (
     _DTYPES,
-    CorruptIndexError,
     MultiVectorIndex,
     SearchableIndex,
     _check_target,

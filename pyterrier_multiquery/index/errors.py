@@ -1,0 +1,5 @@
+"""The error the index raises when its files cannot be trusted."""
+
+
+class CorruptIndexError(ValueError):
+    """Raised when the files of a MultiVectorIndex do not agree with each other or with ``pt_meta.json``."""
