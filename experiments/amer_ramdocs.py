@@ -18,9 +18,17 @@ import pandas as pd
 import torch
 from ir_measures import alpha_nDCG
 
-from pyterrier_multiquery import systems
-from pyterrier_multiquery.evaluation import (answer_counts, answer_subsets, compare, cross_validate, experiment_parser,
-                                             line_figure, per_query, write_report)
+from pyterrier_multiquery.experiment import systems
+from pyterrier_multiquery.experiment.evaluation import (
+    answer_counts,
+    answer_subsets,
+    compare,
+    cross_validate,
+    experiment_parser,
+    line_figure,
+    per_query,
+    write_report,
+)
 from pyterrier_multiquery.loaders import load_dataset
 from pyterrier_multiquery.measures import MRecall
 

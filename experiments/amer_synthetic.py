@@ -17,8 +17,8 @@ import pandas as pd
 import torch
 
 from pyterrier_multiquery.amer import AMER, AMERTrainer
-from pyterrier_multiquery.amer.synthetic import SETTINGS, TRANSFORMATIONS, make_task
-from pyterrier_multiquery.evaluation import experiment_parser, per_query, write_report
+from pyterrier_multiquery.experiment.amer_task import SETTINGS, TRANSFORMATIONS, make_task
+from pyterrier_multiquery.experiment.evaluation import experiment_parser, per_query, write_report
 from pyterrier_multiquery.index import MultiVectorIndex
 from pyterrier_multiquery.measures import MRecall
 

@@ -5,8 +5,9 @@
                                       [--candidates 16 32 64 128 256 512] [--pylate-python /venv/bin/python]
     python experiments/bench_index.py --scale [--docs 1000000]  # the streamed run: float16, 512 to 8192 candidates
 
-The workload is pyterrier_multiquery.index.synthetic.clustered_collection (vectors around topic centres, queries
-drawn near documents), written to a MultiVectorIndex by streaming (a generator: the corpus is never in memory).
+The workload is pyterrier_multiquery.experiment.clustered_collection.clustered_collection (vectors around topic
+centres, queries drawn near documents), written to a MultiVectorIndex by streaming (a generator: the corpus is never
+in memory).
 
 Systems, all on the CPU, all returning each query's top 10:
 - index exact: ``index.maxsim_retriever(exact=True)`` on a frame of all queries (the result frame included).
@@ -54,11 +55,11 @@ import pandas as pd
 import torch
 
 from pyterrier_multiquery._device import cpu_threads
-from pyterrier_multiquery.evaluation import write_report
+from pyterrier_multiquery.experiment.evaluation import write_report
 from pyterrier_multiquery.index import MultiVectorIndex
 from pyterrier_multiquery.index.ann import ann_file, ann_storage, load_or_build, set_search_effort
 from pyterrier_multiquery.index.maxsim import document_blocks
-from pyterrier_multiquery.index.synthetic import clustered_collection
+from pyterrier_multiquery.experiment.clustered_collection import clustered_collection
 
 RESULTS = Path(__file__).parent / 'results'
 K = 10

@@ -27,7 +27,7 @@ from pyterrier_multiquery import minilm, systems
 from pyterrier_multiquery.cdp import (AVOID_DIVERSITY_BELOW, USE_DIVERSITY_ABOVE, content_word_count, content_words,
                                       dist_sim, diversity_advice, len_sim, paraphrase_ratio, self_bleu)
 from pyterrier_multiquery.cdp.training import synthetic_pairs, train_bi_encoder
-from pyterrier_multiquery.evaluation import (corpus_subset, document_sample, experiment_parser, line_figure,
+from pyterrier_multiquery.experiment.evaluation import (corpus_subset, document_sample, experiment_parser, line_figure,
                                              run_experiment, write_report)
 from pyterrier_multiquery.generation import QueryGenerator
 from pyterrier_multiquery.loaders import load_dataset

@@ -16,11 +16,17 @@ import pandas as pd
 import torch
 from ir_measures import R, nDCG
 
-from pyterrier_multiquery import systems
 from pyterrier_multiquery.diffretriever import DiffEmbed, DiffRetriever, PromptReps
 from pyterrier_multiquery.diffretriever.training import contrastive_train
-from pyterrier_multiquery.evaluation import (compare, corpus_subset, experiment_parser, judged_sample, per_query,
-                                             write_report)
+from pyterrier_multiquery.experiment import systems
+from pyterrier_multiquery.experiment.evaluation import (
+    compare,
+    corpus_subset,
+    experiment_parser,
+    judged_sample,
+    per_query,
+    write_report,
+)
 from pyterrier_multiquery.loaders import load_dataset
 
 RESULTS = Path(__file__).parent / 'results'

@@ -11,11 +11,11 @@ at their defaults:
   them);
 - ``diverse`` and ``paraphrase``, M = 1 and 3, the training documents (``--train-docs``, as ``cdp.py`` draws them).
 
-The cache (SQLite, keyed by model, settings and prompt) is filled a chunk of documents at a time, so a run stopped by
-``--time-limit`` keeps what it generated and the next run goes on from there. The experiments build the same
-generator (:func:`pyterrier_multiquery.systems.query_generator`), so they find every query here and generate only
-what is missing. The cache stays out of the repository: on a CPU filling it takes about 3 s per document, so
-generate on a GPU and copy the file.
+The cache (SQLite, keyed by model, settings and prompt) is filled a chunk of documents at a time, so a run stopped
+by ``--time-limit`` keeps what it generated and the next run goes on from there. The experiments build the same
+generator (:func:`pyterrier_multiquery.experiment.systems.query_generator`), so they find every query here and
+generate only what is missing. The cache stays out of the repository: on a CPU filling it takes about 3 s per
+document, so generate on a GPU and copy the file.
 """
 import time
 from pathlib import Path
@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import pyterrier as pt
 
-from pyterrier_multiquery import systems
-from pyterrier_multiquery.evaluation import corpus_subset, document_sample, experiment_parser
+from pyterrier_multiquery.experiment import systems
+from pyterrier_multiquery.experiment.evaluation import corpus_subset, document_sample, experiment_parser
 from pyterrier_multiquery.generation import QueryGenerator
 from pyterrier_multiquery.loaders import load_dataset
 

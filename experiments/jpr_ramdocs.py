@@ -2,14 +2,14 @@
 
     python experiments/jpr_ramdocs.py [--datasets ramdocs musique] [--candidates 20] [--epochs 20]
 
-Collections: RAMDocs (500 questions, one to three answers) and MuSiQue (100 questions, each supporting paragraph
-its own answer), both from the shared data folder. First stage: all-MiniLM-L6-v2, top |B| = ``--candidates`` per
+Collections: RAMDocs (500 questions, one to three answers) and MuSiQue (100 questions, each supporting paragraph its
+own answer), both from the shared data folder. First stage: all-MiniLM-L6-v2, top |B| = ``--candidates`` per
 question. The rerankers share one frozen all-MiniLM-L6-v2 passage encoder (states computed once per question and
 kept in the cache folder); only their decoders train. Per fold, on the other folds' questions,
-:func:`~pyterrier_multiquery.systems.train_jpr` trains each model and keeps its best epoch (0, the untrained model,
-included) on a fifth of them held out as dev; the test fold is never seen. Systems: MiniLM (its top k), IndepPR +
-prior, JPR + prior decoded with SeqDecode and TreeDecode, and JPR without the prior (TreeDecode, the ablation: the
-model before the prior existed). Measures on all questions, those with more than one answer, and the
+:func:`~pyterrier_multiquery.experiment.systems.train_jpr` trains each model and keeps its best epoch (0, the
+untrained model, included) on a fifth of them held out as dev; the test fold is never seen. Systems: MiniLM (its top
+k), IndepPR + prior, JPR + prior decoded with SeqDecode and TreeDecode, and JPR without the prior (TreeDecode, the
+ablation: the model before the prior existed). Measures on all questions, those with more than one answer, and the
 low-similarity third (the third with the most spread-out target passages by MiniLM cosine distance), with a paired
 bootstrap of each system against MiniLM. Writes ``experiments/results/jpr_ramdocs.{md,json,png}`` (the figure: the
 training curves) and the per-query figures ``jpr_ramdocs_perquery.csv``.
@@ -23,9 +23,17 @@ import pandas as pd
 import torch
 from ir_measures import alpha_nDCG
 
-from pyterrier_multiquery import systems
-from pyterrier_multiquery.evaluation import (answer_counts, answer_subsets, compare, cross_validate,
-                                             experiment_parser, line_figure, per_query, write_report)
+from pyterrier_multiquery.experiment import systems
+from pyterrier_multiquery.experiment.evaluation import (
+    answer_counts,
+    answer_subsets,
+    compare,
+    cross_validate,
+    experiment_parser,
+    line_figure,
+    per_query,
+    write_report,
+)
 from pyterrier_multiquery.loaders import load_dataset
 from pyterrier_multiquery.measures import MRecall
 

@@ -7,8 +7,8 @@ Every question, MiniLM's top ``--depth`` re-ranked by MMR (cosine similarities).
 """
 from pathlib import Path
 
-from pyterrier_multiquery import systems
-from pyterrier_multiquery.evaluation import experiment_parser, line_figure, run_experiment, write_report
+from pyterrier_multiquery.experiment import systems
+from pyterrier_multiquery.experiment.evaluation import experiment_parser, line_figure, run_experiment, write_report
 from pyterrier_multiquery.loaders import load_dataset
 
 LAMBDAS = [0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 1.0]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from ir_measures import R, nDCG
 
-from pyterrier_multiquery import systems
-from pyterrier_multiquery.evaluation import experiment_parser, run_experiment, write_report
+from pyterrier_multiquery.experiment import systems
+from pyterrier_multiquery.experiment.evaluation import experiment_parser, run_experiment, write_report
 from pyterrier_multiquery.loaders import load_dataset
 
 RESULTS = Path(__file__).parent / 'results'

@@ -52,9 +52,6 @@ _ATTRIBUTES = {
     'AMER': 'amer',
     'EncoderAMER': 'amer',
     'AMERQueryEncoder': 'amer',
-    'DenseFirstStage': 'systems',
-    'baseline_systems': 'systems',
-    'run_experiment': 'evaluation',
 }
 
 __all__ = list(_ATTRIBUTES)

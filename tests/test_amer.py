@@ -2,7 +2,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pyterrier_multiquery.amer.synthetic import (Transformations, frobenius_orthogonal_rotations, make_task,
+from pyterrier_multiquery.experiment.amer_task import (Transformations, frobenius_orthogonal_rotations, make_task,
                                                  random_rotation)
 
 # The Hungarian loss against brute force over pairings: tests/test_losses.py; round-robin merging: tests/test_index.py.
@@ -220,10 +220,10 @@ def test_query_encoder_feeds_the_multiquery_retriever(tiny_llama, tmp_path):
 
 def test_main_job_runs_amer_from_a_saved_model(tiny_llama, tmp_path):
     import torch
-    from pyterrier_multiquery.__main__ import main
+    from pyterrier_multiquery.experiment.main import main
     from pyterrier_multiquery.amer import AMER
     from pyterrier_multiquery.loaders import load_dataset
-    from pyterrier_multiquery.systems import DenseFirstStage, amer
+    from pyterrier_multiquery.experiment.systems import DenseFirstStage, amer
     folder = tmp_path / 'beir'
     (folder / 'qrels').mkdir(parents=True)
     texts = ['who won the cup', 'the cup in year', 'which city', 'the year of the city']

@@ -11,7 +11,7 @@ pytest.importorskip('faiss')
 pytest.importorskip('tabulate')
 
 from pyterrier_multiquery.index import MultiVectorIndex  # noqa: E402
-from pyterrier_multiquery.index.synthetic import clustered_collection  # noqa: E402
+from pyterrier_multiquery.experiment.clustered_collection import clustered_collection  # noqa: E402
 
 SCRIPT = Path(__file__).parents[1] / 'experiments' / 'bench_index.py'
 

@@ -13,7 +13,7 @@ from pyterrier_multiquery.diffretriever import (DiffEmbed, DiffRetriever, Hybrid
 from pyterrier_multiquery.diffretriever.encoder import MaskedBackbone  # noqa: E402
 from pyterrier_multiquery.diffretriever.prompts import prompt_ids  # noqa: E402
 from pyterrier_multiquery.diffretriever.sparse import content_token_ids, sparse_weights  # noqa: E402
-from pyterrier_multiquery.systems import diffretriever  # noqa: E402
+from pyterrier_multiquery.experiment.systems import diffretriever  # noqa: E402
 from pyterrier_multiquery.diffretriever.training import contrastive_loss, contrastive_train, dense_scores  # noqa: E402
 
 WORDS = ['query', 'passage', 'use', 'one', 'word', 'words', 'to', 'represent', 'the', 'in', 'a', 'few', 'retrieval',

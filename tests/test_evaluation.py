@@ -7,7 +7,7 @@ import pandas as pd
 import pyterrier as pt
 import pytest
 
-from pyterrier_multiquery.evaluation import (answer_subsets, corpus_subset, cross_validate, document_sample,
+from pyterrier_multiquery.experiment.evaluation import (answer_subsets, corpus_subset, cross_validate, document_sample,
                                              experiment_parser, ir_measures_qrels, judged_sample, line_figure,
                                              write_report)
 

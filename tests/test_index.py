@@ -9,7 +9,7 @@ import pytest
 from pyterrier_multiquery.index import CorruptIndexError, MultiVectorIndex
 from pyterrier_multiquery.index.ann import faiss_factory
 from pyterrier_multiquery.index.multiquery import round_robin
-from pyterrier_multiquery.index.synthetic import clustered_collection
+from pyterrier_multiquery.experiment.clustered_collection import clustered_collection
 
 
 def random_collection(doc_count=300, dim=16, max_vectors=6, seed=0):

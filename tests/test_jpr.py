@@ -431,9 +431,9 @@ def test_reranker_keeps_the_frozen_encoders_states_across_runs(tiny_bert, tmp_pa
 
 
 def test_main_job_runs_jpr_from_a_saved_model(tiny_bert, tmp_path):
-    from pyterrier_multiquery.__main__ import main
+    from pyterrier_multiquery.experiment.main import main
     from pyterrier_multiquery.loaders import load_dataset
-    from pyterrier_multiquery.systems import DenseFirstStage, jpr
+    from pyterrier_multiquery.experiment.systems import DenseFirstStage, jpr
     folder = tmp_path / 'beir'
     (folder / 'qrels').mkdir(parents=True)
     texts = ['brazil won the cup', 'france won the cup', 'italy won the cup', 'spain in year', 'the year']

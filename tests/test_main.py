@@ -4,8 +4,8 @@ import sys
 import pandas as pd
 import pytest
 
-from pyterrier_multiquery.__main__ import main
-from pyterrier_multiquery.evaluation import run_experiment
+from pyterrier_multiquery.experiment.main import main
+from pyterrier_multiquery.experiment.evaluation import run_experiment
 
 
 def test_import_is_cheap():

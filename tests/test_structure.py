@@ -48,3 +48,15 @@ def test_cycle_check_finds_a_cycle():
     except graphlib.CycleError:
         return
     raise AssertionError('a cycle between index.core and index.errors was not found')
+
+
+def is_harness(module: str) -> bool:
+    return module == 'pyterrier_multiquery.__main__' or module.startswith('pyterrier_multiquery.experiment')
+
+
+def test_library_never_imports_the_harness():
+    graph = import_graph()
+    library = {name for name in graph if not is_harness(name)}
+    assert 'pyterrier_multiquery.index.core' in library and 'pyterrier_multiquery.experiment.systems' in graph
+    offenders = {name: sorted(filter(is_harness, graph[name])) for name in library if any(map(is_harness, graph[name]))}
+    assert offenders == {}, f'library modules import the harness: {offenders}'

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pyterrier_multiquery import systems
+from pyterrier_multiquery.experiment import systems
 
 pyterrier_dr = pytest.importorskip('pyterrier_dr')
 

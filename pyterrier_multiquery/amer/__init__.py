@@ -1,4 +1,4 @@
-"""AMER (Autoregressive Multi-Embedding Retriever): model, trainer, query encoder and the synthetic task.
+"""AMER (Autoregressive Multi-Embedding Retriever): model, trainer and query encoder.
 
 torch and transformers load only with the classes that need them.
 """
@@ -10,9 +10,6 @@ _ATTRIBUTES = {
     'LinearResidualAMER': 'encoder_model',
     'AMERTrainer': 'training',
     'AMERQueryEncoder': 'pipeline',
-    'make_task': 'synthetic',
-    'random_rotation': 'synthetic',
-    'frobenius_orthogonal_rotations': 'synthetic',
 }
 
 __all__ = list(_ATTRIBUTES)

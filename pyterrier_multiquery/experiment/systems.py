@@ -152,7 +152,7 @@ def tune_mmr_lambda(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: p
     Returns:
         ``{'lambda': best, 'scores': {Lambda: value}, 'measure': name}``.
     """
-    from pyterrier_multiquery.evaluation import per_query
+    from pyterrier_multiquery.experiment.evaluation import per_query
     from pyterrier_multiquery.measures import MRecall
     measure = measure or MRecall @ 10
     candidates = (first_stage.retriever(depth) >> first_stage.index.vec_loader())(topics)
@@ -206,7 +206,7 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
         import torch
     from pyterrier_multiquery.amer import EncoderAMER, AMERQueryEncoder, AMERTrainer
     from pyterrier_multiquery.amer.training import answer_targets
-    from pyterrier_multiquery.evaluation import per_query, split_by_question
+    from pyterrier_multiquery.experiment.evaluation import per_query, split_by_question
     from pyterrier_multiquery.measures import MRecall
     qrels = qrels[qrels['qid'].isin(set(topics['qid']))]
     train_qids, dev_qids = split_by_question(qrels, 1. - dev_fraction, seed=seed) if dev_fraction else \
@@ -499,7 +499,7 @@ def tune_qaencoder(encoder, documents: pd.DataFrame, topics: pd.DataFrame, qrels
         ``{'chosen': {method: {'alpha': ..., 'beta': ...}}, 'grids': {method: grid}}``; a method's settings hold
         only the parameters it has.
     """
-    from pyterrier_multiquery.evaluation import ir_measures_qrels
+    from pyterrier_multiquery.experiment.evaluation import ir_measures_qrels
     from pyterrier_multiquery.qaencoder import grid_search
     chosen, grids = {}, {}
     for method in methods:
