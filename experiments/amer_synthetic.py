@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pyterrier_multiquery.amer import AMER, AMERTrainer
+from pyterrier_multiquery.amer import AMERModel, AMERTrainer
 from pyterrier_multiquery.experiment.amer_task import SETTINGS, TRANSFORMATIONS, make_task
 from pyterrier_multiquery.experiment.evaluation import experiment_parser, per_query, write_report
 from pyterrier_multiquery.index import MultiVectorIndex
@@ -45,8 +45,8 @@ def run_task(transformation: str, setting: str, args) -> list:
         index.index({'docno': str(i), 'doc_vec': v} for i, v in enumerate(unit))
         for system, single in [('AMER', False), ('Single-Query', True)]:
             torch.manual_seed(args.seed)
-            model = AMER.from_backbone(backbone(args.hidden, args.layers), args.dim, num_vectors=1 if single else 5,
-                                       lora=False)
+            model = AMERModel.from_backbone(backbone(args.hidden, args.layers), args.dim,
+                                            num_vectors=1 if single else 5, lora=False)
             trainer = AMERTrainer(model, single_query=single, temperature=args.temperature,
                                   learning_rate=args.learning_rate, epochs=args.epochs, batch_size=args.batch_size,
                                   seed=args.seed, verbose=True)

@@ -65,10 +65,11 @@ def train(trainer: str, bert: Path, out: Path, float64: bool = False) -> dict:
     start = time.perf_counter()
     if trainer == 'AMERTrainer':
         from transformers import LlamaConfig
-        from pyterrier_multiquery.amer import AMER, AMERTrainer, make_task
+        from pyterrier_multiquery.amer import AMERModel, AMERTrainer
+        from pyterrier_multiquery.experiment.amer_task import make_task
         config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                              num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
-        model = AMER.from_backbone(config, doc_dim=8, num_vectors=2, lora=False)
+        model = AMERModel.from_backbone(config, doc_dim=8, num_vectors=2, lora=False)
         task = make_task('multi', 'linear', dim=8, train_size=16, test_size=1, negatives=16, seed=0)
         AMERTrainer(model, epochs=2, batch_size=8, negatives=8, learning_rate=1e-2, verbose=False).fit(
             task.train_queries, list(task.train_targets), task.corpus)

@@ -50,8 +50,8 @@ _ATTRIBUTES = {
     'PromptReps': 'diffretriever',
     'HybridRetriever': 'diffretriever',
     'AMER': 'amer',
-    'EncoderAMER': 'amer',
-    'AMERQueryEncoder': 'amer',
+    'AMERModel': 'amer',
+    'EncoderAMERModel': 'amer',
 }
 
 __all__ = list(_ATTRIBUTES)

@@ -2,8 +2,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pyterrier_multiquery.experiment.amer_task import (Transformations, frobenius_orthogonal_rotations, make_task,
-                                                 random_rotation)
+from pyterrier_multiquery.experiment.amer_task import (
+    Transformations,
+    frobenius_orthogonal_rotations,
+    make_task,
+    random_rotation,
+)
 
 # The Hungarian loss against brute force over pairings: tests/test_losses.py; round-robin merging: tests/test_index.py.
 
@@ -90,9 +94,10 @@ def tiny_llama(tmp_path_factory):
 
 def test_vectors_are_normalised_and_fed_back(tiny_llama):
     import torch
-    from pyterrier_multiquery.amer import AMER
+
+    from pyterrier_multiquery.amer import AMERModel
     torch.manual_seed(0)
-    model = AMER.from_backbone(tiny_llama, doc_dim=6, num_vectors=3)
+    model = AMERModel.from_backbone(tiny_llama, doc_dim=6, num_vectors=3)
     out = model.encode(['who won the cup', 'which city'])
     assert out.shape == (2, 3, 6) and np.allclose(np.linalg.norm(out, axis=-1), 1., atol=1e-5)
     assert not np.allclose(out[:, 0], out[:, 1])
@@ -109,8 +114,8 @@ def test_vectors_are_normalised_and_fed_back(tiny_llama):
 
 
 def test_lora_trains_only_adapters_and_projections(tiny_llama):
-    from pyterrier_multiquery.amer import AMER
-    model = AMER.from_backbone(tiny_llama, doc_dim=6)
+    from pyterrier_multiquery.amer import AMERModel
+    model = AMERModel.from_backbone(tiny_llama, doc_dim=6)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     assert names and all('lora_' in n or n.startswith(('in_proj', 'out_proj')) for n in names)
     targeted = {n.split('.lora_')[0].rsplit('.', 1)[-1] for n in names if 'lora_' in n}
@@ -118,12 +123,12 @@ def test_lora_trains_only_adapters_and_projections(tiny_llama):
     config = model.lm.peft_config['default']
     assert (config.r, config.lora_alpha, config.lora_dropout) == (64, 16, 0.1)
     with pytest.raises(ValueError, match='LoRA needs a pretrained backbone'):
-        AMER.from_backbone(tiny_config(), doc_dim=6)
+        AMERModel.from_backbone(tiny_config(), doc_dim=6)
 
 
 def test_bad_vector_queries_are_rejected():
-    from pyterrier_multiquery.amer import AMER
-    model = AMER.from_backbone(tiny_config(), doc_dim=8, lora=False)
+    from pyterrier_multiquery.amer import AMERModel
+    model = AMERModel.from_backbone(tiny_config(), doc_dim=8, lora=False)
     with pytest.raises(ValueError, match=r'\(n, 8\)'):
         model.encode(np.zeros((2, 5), dtype=np.float32))
     with pytest.raises(ValueError, match='no tokenizer'):
@@ -131,8 +136,8 @@ def test_bad_vector_queries_are_rejected():
 
 
 def test_scheduled_sampling_schedule():
-    from pyterrier_multiquery.amer import AMER, AMERTrainer
-    trainer = AMERTrainer(AMER.from_backbone(tiny_config(), doc_dim=8, lora=False), verbose=False)
+    from pyterrier_multiquery.amer import AMERModel, AMERTrainer
+    trainer = AMERTrainer(AMERModel.from_backbone(tiny_config(), doc_dim=8, lora=False), verbose=False)
     assert [trainer.own_probability(s, 10) for s in (0, 5, 9, 10)] == [0., .5, .8, .8]
     trainer.scheduled_sampling = 0.
     assert trainer.own_probability(10, 10) == 0.
@@ -141,12 +146,13 @@ def test_scheduled_sampling_schedule():
 def test_tiny_model_fits_a_tiny_synthetic_set():
     import torch
     from transformers import LlamaConfig
-    from pyterrier_multiquery.amer import AMER, AMERTrainer
+
+    from pyterrier_multiquery.amer import AMERModel, AMERTrainer
     task = make_task('single', 'linear', dim=8, train_size=4, test_size=1, negatives=20, seed=0)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
-    model = AMER.from_backbone(config, doc_dim=8, num_vectors=5, lora=False)
+    model = AMERModel.from_backbone(config, doc_dim=8, num_vectors=5, lora=False)
     corpus = task.corpus / np.linalg.norm(task.corpus, axis=1, keepdims=True)
 
     def covered():
@@ -163,9 +169,10 @@ def test_tiny_model_fits_a_tiny_synthetic_set():
 
 def test_single_query_trains_one_vector_on_one_random_target():
     import torch
-    from pyterrier_multiquery.amer import AMER, AMERTrainer
+
+    from pyterrier_multiquery.amer import AMERModel, AMERTrainer
     task = make_task('single', 'linear', dim=8, train_size=8, test_size=1, negatives=8, seed=0)
-    model = AMER.from_backbone(tiny_config(), doc_dim=8, num_vectors=5, lora=False)
+    model = AMERModel.from_backbone(tiny_config(), doc_dim=8, num_vectors=5, lora=False)
     trainer = AMERTrainer(model, single_query=True, verbose=False)
     loss = trainer.loss(task.train_queries, list(task.train_targets), task.corpus, 0.)
     assert loss.ndim == 0 and torch.isfinite(loss)
@@ -176,33 +183,35 @@ def test_single_query_trains_one_vector_on_one_random_target():
 @pytest.mark.parametrize('lora', [True, False])
 def test_save_and_load_round_trip(tiny_llama, tmp_path, lora):
     import torch
-    from pyterrier_multiquery.amer import AMER, AMERTrainer
+
+    from pyterrier_multiquery.amer import AMERModel, AMERTrainer
     torch.manual_seed(0)
-    model = AMER.from_backbone(tiny_llama if lora else tiny_config(), doc_dim=8, num_vectors=2, lora=lora)
+    model = AMERModel.from_backbone(tiny_llama if lora else tiny_config(), doc_dim=8, num_vectors=2, lora=lora)
     task = make_task('single', 'linear', dim=8, train_size=4, test_size=1, negatives=8, seed=0)
     AMERTrainer(model, epochs=2, batch_size=4, learning_rate=1e-2, verbose=False).fit(
         task.train_queries, list(task.train_targets), task.corpus)
     model.save_pretrained(tmp_path / 'amer')
-    loaded = AMER.from_pretrained(tmp_path / 'amer')
+    loaded = AMERModel.from_pretrained(tmp_path / 'amer')
     assert np.allclose(model.encode(task.test_queries), loaded.encode(task.test_queries), atol=1e-5)
     if lora:
         assert np.allclose(model.encode(['who won the cup']), loaded.encode(['who won the cup']), atol=1e-5)
     assert [p.name for p in tmp_path.iterdir()] == ['amer']
     with pytest.raises(FileNotFoundError, match='not a saved AMER'):
-        AMER.from_pretrained(tmp_path)
+        AMERModel.from_pretrained(tmp_path)
 
 
 def test_query_encoder_feeds_the_multiquery_retriever(tiny_llama, tmp_path):
     import torch
-    from pyterrier_multiquery.amer import AMER, AMERQueryEncoder
+
+    from pyterrier_multiquery.amer import AMER, AMERModel
     from pyterrier_multiquery.index import MultiVectorIndex
     from pyterrier_multiquery.index.multiquery import round_robin
     torch.manual_seed(0)
-    model = AMER.from_backbone(tiny_llama, doc_dim=4, num_vectors=2)
+    model = AMERModel.from_backbone(tiny_llama, doc_dim=4, num_vectors=2)
     docs = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)
     index = MultiVectorIndex(tmp_path / 'docs.mvi')
     index.index([{'docno': f'd{i}', 'doc_vec': v} for i, v in enumerate(docs)])
-    encoder = AMERQueryEncoder(model)
+    encoder = AMER(model)
     queries = pd.DataFrame({'qid': ['1'], 'query': ['who won the cup']})
     encoded = encoder(queries)
     assert encoded['query_embs'][0].shape == (2, 4)
@@ -212,18 +221,19 @@ def test_query_encoder_feeds_the_multiquery_retriever(tiny_llama, tmp_path):
     assert list(encoder(queries.iloc[:0]).columns) == ['qid', 'query', 'query_embs']
     one_at_a_time = encoder.query_encoder(batch_size=1)(queries)
     np.testing.assert_array_equal(one_at_a_time['query_embs'][0], encoded['query_embs'][0])
-    assert repr(encoder) == 'AMERQueryEncoder(AMER, num_vectors=2)'
-    assert encoder == AMERQueryEncoder(model) and encoder != AMERQueryEncoder(model, num_vectors=1)
+    assert repr(encoder) == 'AMER(AMERModel, num_vectors=2)'
+    assert encoder == AMER(model) and encoder != AMER(model, num_vectors=1)
     with pytest.raises(NotImplementedError, match='AMER encodes queries only'):
         encoder.doc_encoder()
 
 
 def test_main_job_runs_amer_from_a_saved_model(tiny_llama, tmp_path):
     import torch
+
+    from pyterrier_multiquery.amer import AMERModel
     from pyterrier_multiquery.experiment.main import main
-    from pyterrier_multiquery.amer import AMER
-    from pyterrier_multiquery.loaders import load_dataset
     from pyterrier_multiquery.experiment.systems import DenseFirstStage, amer
+    from pyterrier_multiquery.loaders import load_dataset
     folder = tmp_path / 'beir'
     (folder / 'qrels').mkdir(parents=True)
     texts = ['who won the cup', 'the cup in year', 'which city', 'the year of the city']
@@ -232,7 +242,7 @@ def test_main_job_runs_amer_from_a_saved_model(tiny_llama, tmp_path):
     (folder / 'queries.jsonl').write_text('{"_id": "q1", "text": "who won the cup"}\n')
     (folder / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\nq1\td0\t1\n')
     torch.manual_seed(0)
-    AMER.from_backbone(tiny_llama, doc_dim=384, num_vectors=2).save_pretrained(tmp_path / 'amer')
+    AMERModel.from_backbone(tiny_llama, doc_dim=384, num_vectors=2).save_pretrained(tmp_path / 'amer')
     dataset = load_dataset(folder)
     first_stage = DenseFirstStage(dataset, tmp_path / 'cache', verbose=False)
     run = amer(first_stage, tmp_path / 'amer', num_results=3)(dataset.get_topics())
@@ -264,15 +274,15 @@ def minilm_query_vectors():
 @pytest.mark.parametrize('train_encoder', ['lora', 'none', 'full'])
 def test_untrained_encoder_amer_emits_the_encoders_query_vector_every_step(minilm_path, minilm_query_vectors,
                                                                           train_encoder):
-    from pyterrier_multiquery.amer import EncoderAMER
-    model = EncoderAMER.from_encoder(minilm_path, num_vectors=3, train_encoder=train_encoder)
+    from pyterrier_multiquery.amer import EncoderAMERModel
+    model = EncoderAMERModel.from_encoder(minilm_path, num_vectors=3, train_encoder=train_encoder)
     vectors = model.encode(QUERIES)
     assert vectors.shape == (3, 3, 384)
     assert np.abs(vectors - minilm_query_vectors[:, None]).max() < 1e-5
 
 
 def test_untrained_encoder_amer_ranks_as_the_single_vector_retriever(minilm_path, tmp_path):
-    from pyterrier_multiquery.amer import EncoderAMER, AMERQueryEncoder
+    from pyterrier_multiquery.amer import AMER, EncoderAMERModel
     from pyterrier_multiquery.baselines import minilm
     from pyterrier_multiquery.index import MultiVectorIndex
     texts = ['brazil won the world cup', 'france won the world cup in 1998', 'tbilisi is the capital of georgia',
@@ -282,7 +292,7 @@ def test_untrained_encoder_amer_ranks_as_the_single_vector_retriever(minilm_path
     index.index(docs[['docno', 'doc_vec']].to_dict('records'))
     queries = pd.DataFrame({'qid': ['1', '2', '3'], 'query': QUERIES})
     single = (minilm().query_encoder() >> pt_dense_retriever(docs))(queries)
-    amer = (AMERQueryEncoder(EncoderAMER.from_encoder(minilm_path, num_vectors=2))
+    amer = (AMER(EncoderAMERModel.from_encoder(minilm_path, num_vectors=2))
             >> index.multiquery_retriever(num_results=6))
     merged = amer(queries)
     assert merged.groupby('qid')['docno'].agg(list).to_dict() == single.groupby('qid')['docno'].agg(list).to_dict()
@@ -304,9 +314,10 @@ def pt_dense_retriever(docs: pd.DataFrame):
 
 def test_encoder_amer_trains_its_later_vectors_and_round_trips(minilm_path, tmp_path):
     import torch
-    from pyterrier_multiquery.amer import AMER, EncoderAMER, AMERQueryEncoder, AMERTrainer
+
+    from pyterrier_multiquery.amer import AMER, AMERModel, AMERTrainer, EncoderAMERModel
     torch.manual_seed(0)
-    model = EncoderAMER.from_encoder(minilm_path, num_vectors=2, train_encoder='lora')
+    model = EncoderAMERModel.from_encoder(minilm_path, num_vectors=2, train_encoder='lora')
     rng = np.random.default_rng(0)
     unit = lambda a: (a / np.linalg.norm(a, axis=-1, keepdims=True)).astype(np.float32)  # noqa: E731
     targets = [unit(rng.standard_normal((2, 384))) for _ in QUERIES]
@@ -317,20 +328,20 @@ def test_encoder_amer_trains_its_later_vectors_and_round_trips(minilm_path, tmp_
     after = model.encode(QUERIES)
     assert losses[-1] < losses[0] and not np.allclose(before[:, 1], after[:, 1], atol=1e-3)
     model.save_pretrained(tmp_path / 'amer')
-    loaded = AMER.from_pretrained(tmp_path / 'amer')
-    assert type(loaded).__name__ == 'EncoderAMER' and loaded.num_vectors == 2
+    loaded = AMERModel.from_pretrained(tmp_path / 'amer')
+    assert type(loaded).__name__ == 'EncoderAMERModel' and loaded.num_vectors == 2
     assert np.allclose(loaded.encode(QUERIES), after, atol=1e-5)
-    encoded = AMERQueryEncoder(tmp_path / 'amer')(pd.DataFrame({'qid': ['1'], 'query': QUERIES[:1]}))
+    encoded = AMER(tmp_path / 'amer')(pd.DataFrame({'qid': ['1'], 'query': QUERIES[:1]}))
     assert np.allclose(encoded['query_embs'][0], after[0], atol=1e-5)
 
 
 def test_encoder_amer_rejects_bad_settings_and_inputs(minilm_path, tmp_path):
-    from pyterrier_multiquery.amer import EncoderAMER, AMERTrainer
+    from pyterrier_multiquery.amer import AMERTrainer, EncoderAMERModel
     with pytest.raises(ValueError, match='train_encoder'):
-        EncoderAMER.from_encoder(minilm_path, train_encoder='some')
+        EncoderAMERModel.from_encoder(minilm_path, train_encoder='some')
     with pytest.raises(FileNotFoundError, match='no config.json'):
-        EncoderAMER.from_encoder(tmp_path)
-    model = EncoderAMER.from_encoder(minilm_path, num_vectors=2, train_encoder='none')
+        EncoderAMERModel.from_encoder(tmp_path)
+    model = EncoderAMERModel.from_encoder(minilm_path, num_vectors=2, train_encoder='none')
     assert {n.split('.')[0] for n, p in model.named_parameters() if p.requires_grad} == {'in_proj', 'out_proj'}
     with pytest.raises(ValueError, match='text queries'):
         model.encode(np.zeros((1, 384), dtype=np.float32))
@@ -356,9 +367,10 @@ def test_answer_targets_take_each_answers_best_ranked_passage_and_the_top_non_re
 
 def test_linear_residual_ablation_starts_at_the_encoder_and_round_trips(minilm_path, minilm_query_vectors, tmp_path):
     import torch
-    from pyterrier_multiquery.amer import AMER
-    from pyterrier_multiquery.amer.encoder_model import LinearResidualAMER
-    model = LinearResidualAMER.from_encoder(minilm_path, num_vectors=2)
+
+    from pyterrier_multiquery.amer import AMERModel
+    from pyterrier_multiquery.amer.encoder_model import LinearResidualAMERModel
+    model = LinearResidualAMERModel.from_encoder(minilm_path, num_vectors=2)
     assert np.abs(model.encode(QUERIES) - minilm_query_vectors[:, None]).max() < 1e-5
     assert [n for n, p in model.named_parameters() if p.requires_grad] == ['out_proj.weight', 'out_proj.bias']
     with torch.no_grad():
@@ -368,6 +380,6 @@ def test_linear_residual_ablation_starts_at_the_encoder_and_round_trips(minilm_p
     expected = (2 * q + 0.1) / np.linalg.norm(2 * q + 0.1, axis=1, keepdims=True)
     assert np.abs(model.encode(QUERIES)[:, 1] - expected).max() < 1e-5
     model.save_pretrained(tmp_path / 'linear')
-    loaded = AMER.from_pretrained(tmp_path / 'linear')
-    assert type(loaded) is LinearResidualAMER
+    loaded = AMERModel.from_pretrained(tmp_path / 'linear')
+    assert type(loaded) is LinearResidualAMERModel
     assert np.allclose(loaded.encode(QUERIES), model.encode(QUERIES), atol=1e-5)

@@ -57,15 +57,15 @@ def make(kind: str, tiny_bert: Path):
     """A model of ``kind`` with random weights, and a function of it whose output the round trip keeps."""
     if kind == 'amer':
         from transformers import LlamaConfig
-        from pyterrier_multiquery.amer import AMER, EncoderAMER
+        from pyterrier_multiquery.amer import AMERModel, EncoderAMERModel
         config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                              num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
         queries = np.random.default_rng(0).normal(size=(3, 8)).astype(np.float32)
-        return randomised(AMER.from_backbone(config, doc_dim=8, num_vectors=2, lora=False)), \
+        return randomised(AMERModel.from_backbone(config, doc_dim=8, num_vectors=2, lora=False)), \
             lambda m: m.encode(queries)
     if kind == 'encoder_amer':
-        from pyterrier_multiquery.amer import AMER, EncoderAMER
-        return randomised(EncoderAMER.from_encoder(tiny_bert, num_vectors=2, train_encoder='full')), \
+        from pyterrier_multiquery.amer import AMERModel, EncoderAMERModel
+        return randomised(EncoderAMERModel.from_encoder(tiny_bert, num_vectors=2, train_encoder='full')), \
             lambda m: m.encode(['who won the cup', 'which city'])
     if kind == 'jpr':
         from pyterrier_multiquery.jpr import JPRModel

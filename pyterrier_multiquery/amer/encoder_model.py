@@ -6,7 +6,7 @@ from typing import Optional, Union
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building
 from pyterrier_multiquery._saved_model import write_meta
-from pyterrier_multiquery.amer.model import AMER, CONFIG_NAME, PROJECTIONS, with_lora
+from pyterrier_multiquery.amer.model import AMERModel, CONFIG_NAME, PROJECTIONS, with_lora
 
 with requires('dense'):
     import torch
@@ -38,7 +38,7 @@ def _max_length(path: Path, tokenizer) -> int:
     return min(int(tokenizer.model_max_length), 512)
 
 
-class EncoderAMER(AMER):
+class EncoderAMERModel(AMERModel):
     """AMER whose backbone is the bidirectional encoder that also encodes the documents (all-MiniLM-L6-v2, say).
 
     Step t reads the query's tokens followed by the vectors emitted so far (each through ``in_proj`` as one more
@@ -48,7 +48,8 @@ class EncoderAMER(AMER):
     N times and its merged ranking is the encoder's: training learns only the departure from it (q itself moves
     only when the encoder trains).
 
-    It saves as an ``amer_model.encoder_hf`` artifact, which ``AMER.from_pretrained`` and ``pt.Artifact.load`` load.
+    It saves as an ``amer_model.encoder_hf`` artifact, which ``AMERModel.from_pretrained`` and ``pt.Artifact.load``
+    load.
     """
     ARTIFACT_FORMAT = 'encoder_hf'
 
@@ -77,7 +78,7 @@ class EncoderAMER(AMER):
 
     @classmethod
     def from_encoder(cls, path: Union[str, Path], *, num_vectors: int = 3, train_encoder: str = 'lora',
-                     lora_r: int = 8, lora_alpha: int = 16, lora_dropout: float = 0.1) -> 'EncoderAMER':
+                     lora_r: int = 8, lora_alpha: int = 16, lora_dropout: float = 0.1) -> 'EncoderAMERModel':
         """A new AMER over a sentence-transformers (or pyterrier_dr) encoder checkpoint.
 
         Args:
@@ -153,12 +154,12 @@ class EncoderAMER(AMER):
         self.path = Path(path)
 
     @classmethod
-    def from_saved(cls, path: Path, config: dict) -> 'EncoderAMER':
+    def from_saved(cls, path: Path, config: dict) -> 'EncoderAMERModel':
         """The model saved at ``path`` whose settings ``config`` were read from it."""
         with requires('dense'):
             from transformers import AutoModel, AutoTokenizer
-        if cls is EncoderAMER and config['source'].get('residual') == 'linear':
-            return LinearResidualAMER.from_saved(path, config)
+        if cls is EncoderAMERModel and config['source'].get('residual') == 'linear':
+            return LinearResidualAMERModel.from_saved(path, config)
         encoder = AutoModel.from_pretrained(str(path / 'lm'), dtype=torch.float32)
         model = cls(encoder, AutoTokenizer.from_pretrained(str(path / 'lm')), config['doc_dim'],
                     num_vectors=config['num_vectors'], pooling=config['pooling'], max_length=config['max_length'],
@@ -169,12 +170,12 @@ class EncoderAMER(AMER):
         return model.eval()
 
 
-class LinearResidualAMER(EncoderAMER):
+class LinearResidualAMERModel(EncoderAMERModel):
     """The simplest AMER over an encoder (an ablation): vector t > 1 is ``normalise(q + W q_{t-1})``.
 
     q is the encoder's query vector and W (``out_proj``) starts at zero; the encoder is read once, for q, and
     ``in_proj`` is a fixed identity that hands the previous vector to W. What
-    :class:`EncoderAMER` adds over this is the encoder reading the fed vectors together with the query.
+    :class:`EncoderAMERModel` adds over this is the encoder reading the fed vectors together with the query.
     """
 
     def __init__(self, encoder, tokenizer, doc_dim: int, **settings):
@@ -185,7 +186,7 @@ class LinearResidualAMER(EncoderAMER):
         self.in_proj.requires_grad_(False)
 
     @classmethod
-    def from_encoder(cls, path: Union[str, Path], *, num_vectors: int = 2, **settings) -> 'LinearResidualAMER':
+    def from_encoder(cls, path: Union[str, Path], *, num_vectors: int = 2, **settings) -> 'LinearResidualAMERModel':
         """A new linear-residual AMER over an encoder checkpoint, the encoder frozen (only W trains)."""
         model = super().from_encoder(path, num_vectors=num_vectors, train_encoder='none', **settings)
         model.source['residual'] = 'linear'

@@ -31,7 +31,7 @@ def with_lora(model, target_modules: Sequence[str], r: int, alpha: int, dropout:
     return get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets))
 
 
-class AMER(nn.Module, SavedModel):
+class AMERModel(nn.Module, SavedModel):
     """Autoregressive Multi-Embedding Retriever (the AMER paper).
 
     The query is read by a causal LM; the last hidden state, through ``out_proj``, is the first query vector q1.
@@ -68,7 +68,7 @@ class AMER(nn.Module, SavedModel):
 
     @classmethod
     def from_backbone(cls, backbone, doc_dim: int, *, num_vectors: int = 3, lora: bool = True, lora_r: int = 64,
-                      lora_alpha: int = 16, lora_dropout: float = 0.1, gguf_file: Optional[str] = None) -> 'AMER':
+                      lora_alpha: int = 16, lora_dropout: float = 0.1, gguf_file: Optional[str] = None) -> 'AMERModel':
         """A new AMER over a pretrained causal LM (a path or hub name) or a random one (a transformers config).
 
         Args:
@@ -182,7 +182,7 @@ class AMER(nn.Module, SavedModel):
         self.path = Path(path)
 
     @classmethod
-    def from_pretrained(cls, path: Union[str, Path]) -> 'AMER':
+    def from_pretrained(cls, path: Union[str, Path]) -> 'AMERModel':
         """An AMER saved by :meth:`save_pretrained`, its files checked against its ``pt_meta.json``."""
         path = Path(path)
         meta = read_meta(path)
@@ -197,7 +197,7 @@ class AMER(nn.Module, SavedModel):
         return model
 
     @classmethod
-    def from_saved(cls, path: Path, config: dict) -> 'AMER':
+    def from_saved(cls, path: Path, config: dict) -> 'AMERModel':
         """The model saved at ``path`` whose settings ``config`` were read from it."""
         with requires('dense'):
             from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -8,10 +8,10 @@ import pyterrier as pt
 from pyterrier_multiquery.multivector_encoder import Encoded, MultiVectorEncoder
 
 if TYPE_CHECKING:
-    from pyterrier_multiquery.amer.model import AMER
+    from pyterrier_multiquery.amer.model import AMERModel
 
 
-class AMERQueryEncoder(MultiVectorEncoder):
+class AMER(MultiVectorEncoder):
     """Writes AMER's N query vectors of each query as ``query_embs`` (N x d, normalised).
 
     As a transformer it is its own :meth:`query_encoder`. With
@@ -22,19 +22,19 @@ class AMERQueryEncoder(MultiVectorEncoder):
     schematic = {'label': 'AMER'}
     settings = ('num_vectors',)
 
-    def __init__(self, model: Union[str, Path, 'AMER'], *, num_vectors: Optional[int] = None,
+    def __init__(self, model: Union[str, Path, 'AMERModel'], *, num_vectors: Optional[int] = None,
                  batch_size: int = 32, device: Optional[str] = None, verbose: bool = False):
         """
         Args:
-            model: A trained :class:`~pyterrier_multiquery.amer.model.AMER` or the folder it was saved to.
+            model: A trained :class:`~pyterrier_multiquery.amer.model.AMERModel` or the folder it was saved to.
             num_vectors: N (default: the model's).
             batch_size: Queries per forward pass.
             device: Torch device (default: CUDA when available).
             verbose: Whether to show a progress bar.
         """
         if isinstance(model, (str, Path)):
-            from pyterrier_multiquery.amer.model import AMER
-            model = AMER.from_pretrained(model)
+            from pyterrier_multiquery.amer.model import AMERModel
+            model = AMERModel.from_pretrained(model)
         self.model = model
         self.num_vectors = num_vectors or model.num_vectors
         super().__init__(batch_size=batch_size, verbose=verbose, device=device)

@@ -6,7 +6,7 @@ import pandas as pd
 import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
-from pyterrier_multiquery.amer.model import AMER
+from pyterrier_multiquery.amer.model import AMERModel
 from pyterrier_multiquery.training.distributed import DataParallel
 from pyterrier_multiquery.training.losses import matched_infonce
 
@@ -15,7 +15,7 @@ with requires('dense'):
 
 
 class AMERTrainer:
-    """Trains :class:`AMER` on queries (texts or vectors) with sets of target document vectors.
+    """Trains :class:`AMERModel` on queries (texts or vectors) with sets of target document vectors.
 
     Each batch's candidates are all its examples' targets plus ``negatives`` rows drawn from the corpus; every
     example's N predictions are matched to its gold targets by the Hungarian method
@@ -29,7 +29,7 @@ class AMERTrainer:
     and train the same model as one process would.
     """
 
-    def __init__(self, model: AMER, *, single_query: bool = False, temperature: float = 0.05,
+    def __init__(self, model: AMERModel, *, single_query: bool = False, temperature: float = 0.05,
                  learning_rate: float = 1e-4, epochs: int = 1, batch_size: int = 16, negatives: int = 64,
                  scheduled_sampling: float = 1.0, weight_decay: float = 0.01, seed: int = 0,
                  mixed_precision: Optional[str] = None, gradient_accumulation_steps: int = 1, verbose: bool = True):

