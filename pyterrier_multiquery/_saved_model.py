@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Optional, Union
 
-import pyterrier_alpha as pta
+import pyterrier as pt
 
 META_NAME = 'pt_meta.json'
 PathLike = Union[str, Path]
@@ -19,7 +19,7 @@ class CorruptModelError(ValueError):
     """Raised when a saved model's files do not agree with its ``pt_meta.json`` or cannot be read."""
 
 
-class SavedModel(pta.Artifact):
+class SavedModel(pt.Artifact):
     """Base of the trained models that save to (and load from) an artifact folder.
 
     A subclass sets ``ARTIFACT_TYPE``, implements ``save_pretrained`` (calling :func:`write_meta` last inside its

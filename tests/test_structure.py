@@ -60,3 +60,18 @@ def test_library_never_imports_the_harness():
     assert 'pyterrier_multiquery.index.core' in library and 'pyterrier_multiquery.experiment.systems' in graph
     offenders = {name: sorted(filter(is_harness, graph[name])) for name in library if any(map(is_harness, graph[name]))}
     assert offenders == {}, f'library modules import the harness: {offenders}'
+
+
+def test_pyterrier_is_imported_before_pyterrier_alpha():
+    # pyterrier loads its extensions' entry points when it is first imported; an extension that imports
+    # pyterrier_alpha (pyterrier-anserini does) then finds a half-initialised pyterrier_alpha if pyterrier_alpha was
+    # imported first, and the import fails
+    offenders = []
+    for file in PACKAGE.rglob('*.py'):
+        top = [node for node in ast.parse(file.read_text()).body if isinstance(node, (ast.Import, ast.ImportFrom))]
+        names = [alias.name if isinstance(node, ast.Import) else node.module
+                 for node in top for alias in node.names]
+        if 'pyterrier_alpha' in names and names.index('pyterrier_alpha') < names.index('pyterrier') \
+                if 'pyterrier' in names else 'pyterrier_alpha' in names:
+            offenders.append(module_name(file))
+    assert offenders == []

@@ -4,7 +4,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
 import numpy as np
-import pyterrier_alpha as pta
+import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building
@@ -188,7 +188,7 @@ class AMERModel(nn.Module, SavedModel):
         meta = read_meta(path)
         if meta is not None and meta.get('type') == cls.ARTIFACT_TYPE and meta.get('format') != cls.ARTIFACT_FORMAT:
             # another kind of AMER (over an encoder, say): pt.Artifact.load finds its class by the format it saved
-            return pta.Artifact.load(str(path))
+            return pt.Artifact.load(str(path))
         if not check_saved(path, cls, CONFIG_NAME):
             raise FileNotFoundError(f'{path} is not a saved AMER model (no {CONFIG_NAME})')
         config = read_json(path / CONFIG_NAME)

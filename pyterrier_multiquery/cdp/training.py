@@ -4,7 +4,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 import pandas as pd
-import pyterrier_alpha as pta
+import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building
@@ -20,7 +20,7 @@ def synthetic_pairs(documents: pd.DataFrame, num_queries: Optional[int] = None) 
     Returns:
         Frame with ``query``, ``text`` (and ``docno`` when the input has it).
     """
-    pta.validate.columns(documents, includes=['text', 'querygen'])
+    pt.validate.columns(documents, includes=['text', 'querygen'])
     columns = [c for c in ('docno', 'text') if c in documents.columns]
     pairs = documents[columns].assign(query=[list(q)[:num_queries] for q in documents['querygen']]).explode('query')
     return pairs.dropna(subset=['query'])[['query'] + columns].reset_index(drop=True)
@@ -62,7 +62,7 @@ def train_bi_encoder(pairs: pd.DataFrame, model: Union[str, Path], output: Union
         from sentence_transformers.sentence_transformer.trainer import SentenceTransformerTrainer
         from sentence_transformers.sentence_transformer.training_args import (BatchSamplers,
                                                                               SentenceTransformerTrainingArguments)
-    pta.validate.columns(pairs, includes=['query', 'text'])
+    pt.validate.columns(pairs, includes=['query', 'text'])
     if len(pairs) < 2:
         raise ValueError(f'training needs at least two pairs (in-batch negatives), got {len(pairs)}')
     state = PartialState()

@@ -4,7 +4,6 @@ from typing import List
 
 import pandas as pd
 import pyterrier as pt
-import pyterrier_alpha as pta
 
 from pyterrier_multiquery.generation.base import TextGenerator
 from pyterrier_multiquery.generation.parsing import parse_queries
@@ -80,7 +79,7 @@ class QueryGenerator(pt.Transformer):
         return [self.template.format(text=text[:self.max_text_chars], num_queries=self.num_queries) for text in texts]
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
-        pta.validate.columns(inp, includes=[self.text_field])
+        pt.validate.columns(inp, includes=[self.text_field])
         out = inp.copy()
         answers = self.generator.generate(self.prompts(list(inp[self.text_field])))
         out['querygen'] = pd.Series([parse_queries(a, limit=self.num_queries) for a in answers], index=inp.index,
@@ -119,7 +118,7 @@ class KeywordExpansion(pt.Transformer):
         return hash((KeywordExpansion, self._key()))
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
-        pta.validate.query_frame(inp, extra_columns=['query'])
+        pt.validate.query_frame(inp, extra_columns=['query'])
         answers = self.generator.generate([self.prompt.replace('[Question]', q) for q in inp['query']])
         out = pt.model.push_queries(inp)
         out['query'] = [query if not kws else f'{query} {" ".join(kws)}'

@@ -11,7 +11,6 @@ from typing import Iterable, List, Sequence
 import numpy as np
 import pandas as pd
 import pyterrier as pt
-import pyterrier_alpha as pta
 
 from pyterrier_multiquery._vectors import normalise
 
@@ -116,7 +115,7 @@ class QAEncoder(pt.Transformer):
         return 'doc_embs' if self.method == 'naive' else 'doc_vec'
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
-        pta.validate.columns(inp, includes=['docno', 'text', 'querygen'])
+        pt.validate.columns(inp, includes=['docno', 'text', 'querygen'])
         out = inp.copy()
         if len(inp) == 0:
             out[self.output_column] = pd.Series(dtype=object)
@@ -182,7 +181,7 @@ def grid_search(encoder: pt.Transformer, documents: pd.DataFrame, topics: pd.Dat
     import ir_measures
     if method not in ('emb', 'txt', 'hyb'):
         raise ValueError(f"grid_search searches 'emb', 'txt' or 'hyb', not {method!r}")
-    pta.validate.columns(documents, includes=['docno', 'text', 'querygen'])
+    pt.validate.columns(documents, includes=['docno', 'text', 'querygen'])
     measure = measure or ir_measures.nDCG @ 10
     query_vectors = normalise(encoder.encode_queries(list(topics['query'])))
     queries = query_lists(documents['docno'], documents['querygen'])
