@@ -15,6 +15,7 @@ pytest.importorskip('peft')
 from pyterrier_multiquery.diffretriever import DiffRetriever  # noqa: E402
 from pyterrier_multiquery.diffretriever.encoder import MaskedBackbone  # noqa: E402
 from pyterrier_multiquery.diffretriever.lora import add_lora, merge_lora  # noqa: E402
+from pyterrier_multiquery.diffretriever.sparse import content_token_ids  # noqa: E402
 from pyterrier_multiquery.diffretriever.training import contrastive_loss, contrastive_train  # noqa: E402
 
 CORPUS = ['Query: "cats and dogs". Use a few words to represent the query in a retrieval task. '
@@ -139,6 +140,14 @@ def test_layouts(modernbert, diffusion_gemma):
         tok.convert_tokens_to_ids('<end_of_turn>'), tok.eos_token_id]
 
 
+def test_content_words_of_word_start_marking_tokenizers(arch):
+    tok = load(arch[1]).backbone.tokenizer
+    ids = tok('cats and the heart of dogs', add_special_tokens=False)['input_ids']
+    # the text's first token starts a word though it carries no Ġ/▁ mark
+    assert [tok.convert_ids_to_tokens(i).lstrip('Ġ▁') for i in content_token_ids(tok, ids)] == ['cats', 'heart',
+                                                                                                  'dogs']
+
+
 def test_one_forward_pass_gives_k_vectors_and_sparse_weights(arch):
     name, path = arch
     enc = load(path)
@@ -168,11 +177,12 @@ def test_one_forward_pass_gives_k_vectors_and_sparse_weights(arch):
 
 
 def test_padding_does_not_change_the_representations(arch):
+    """Rows of other lengths in a batch (pads in the prompt and the canvas), with iterative unmasking on top."""
     enc = load(arch[1])
     docs = pd.DataFrame({'docno': ['a', 'b', 'c'],
                          'text': ['cats', 'heart disease of the protein and dogs', 'the user']})
-    one = DiffRetriever(enc.backbone, k_doc=3, batch_size=1, device='cpu').doc_encoder()(docs)
-    three = DiffRetriever(enc.backbone, k_doc=3, batch_size=3, device='cpu').doc_encoder()(docs)
+    one = DiffRetriever(enc.backbone, k_doc=3, steps=2, batch_size=1, device='cpu').doc_encoder()(docs)
+    three = DiffRetriever(enc.backbone, k_doc=3, steps=2, batch_size=3, device='cpu').doc_encoder()(docs)
     for x, y in zip(one['doc_embs'], three['doc_embs']):
         np.testing.assert_allclose(x, y, atol=1e-5)
     for x, y in zip(one['toks'], three['toks']):
