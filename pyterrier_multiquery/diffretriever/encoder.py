@@ -1,4 +1,5 @@
 """The DiffRetriever encoder: a retrieval prompt with K appended mask positions, read in one bidirectional pass."""
+import inspect
 import json
 from pathlib import Path
 from typing import List, Optional
@@ -11,41 +12,106 @@ from pyterrier_multiquery.diffretriever.sparse import content_token_ids, sparse_
 from pyterrier_multiquery.multivector_encoder import Encoded, MultiVectorEncoder
 
 CONFIG_NAME = 'diffretriever.json'
+#: Parts of the names of model classes with a vocabulary head: ``...ForMaskedLM``, ``...ForCausalLM``, LLaDA's
+#: ``LLaDAModelLM``, DiffusionGemma's ``...ForBlockDiffusion``.
+VOCAB_HEADS = ('LM', 'ForBlockDiffusion')
 
 
 class MaskedBackbone:
     """A bidirectional model with a mask token: hidden states and vocabulary logits at given positions.
 
-    ``head='lm'`` uses the model's own masked-LM head; ``head='tied'`` (encoder-only checkpoints such as
-    all-MiniLM-L6-v2) scores the last hidden state against the input embedding matrix.
+    ``head='lm'`` uses the model's own vocabulary head (a masked-LM head, a diffusion LM's head); ``head='tied'``
+    (encoder-only checkpoints such as all-MiniLM-L6-v2) scores the last hidden state against the input embedding
+    matrix. The mask token is ``mask_token_id``, else the tokenizer's, else the model config's (LLaDA names it
+    there only).
+
+    Most backbones read one sequence. A model whose forward also takes ``decoder_input_ids`` (DiffusionGemma: a
+    prompt encoder whose cache a diffusion decoder attends to, bidirectionally over the prompt and its canvas)
+    reads each row split at its first mask position: the prompt before it, the canvas from it on.
     """
 
-    def __init__(self, model, tokenizer, head: str):
+    def __init__(self, model, tokenizer, head: str, mask_token_id: Optional[int] = None):
         if head not in ('lm', 'tied'):
             raise ValueError(f"head must be 'lm' or 'tied', got {head!r}")
-        if tokenizer.mask_token_id is None:
-            raise ValueError('the backbone needs a mask token; its tokenizer has none')
-        self.model, self.tokenizer, self.head = model, tokenizer, head
+        for source in (tokenizer, model.config):
+            if mask_token_id is None:
+                mask_token_id = getattr(source, 'mask_token_id', None)
+        if mask_token_id is None:
+            raise ValueError('the backbone needs a mask token: neither its tokenizer nor its config names one '
+                             '(pass mask_token_id)')
+        self.model, self.tokenizer, self.head, self.mask_token_id = model, tokenizer, head, mask_token_id
+        bare = model.get_base_model() if hasattr(model, 'get_base_model') else model  # a peft model's
+        self.canvas = 'decoder_input_ids' in inspect.signature(bare.forward).parameters
 
     @classmethod
-    def load(cls, path: str, *, trust_remote_code: bool = False, head: Optional[str] = None):
-        """Loads ``AutoModelForMaskedLM`` when the checkpoint has an LM head (its ``architectures`` name one), else
-        ``AutoModel`` with a tied head; remote-code diffusion LMs (LLaDA, Dream) load through ``AutoModel``, which
-        returns their logits."""
+    def load(cls, path: str, *, trust_remote_code: bool = False, head: Optional[str] = None,
+             mask_token_id: Optional[int] = None):
+        """Loads the model with its vocabulary head when the checkpoint has one (its ``architectures`` name a
+        masked, causal or diffusion LM), else the bare model with a tied head.
+
+        The head class is ``AutoModelForMaskedLM`` for the architectures it knows (BERT family, ModernBERT),
+        else the class the checkpoint names (``DiffusionGemmaForBlockDiffusion``); remote-code diffusion LMs
+        (LLaDA, Dream) load through ``AutoModel``, which returns their logits.
+        """
         with requires('dense'):
+            import transformers
             from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer
+            from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        archs = config.architectures or []
         if head is None:
-            archs = config.architectures or []
-            head = 'lm' if trust_remote_code or any('LM' in a for a in archs) else 'tied'
-        auto = AutoModelForMaskedLM if head == 'lm' and not trust_remote_code else AutoModel
+            head = 'lm' if trust_remote_code or any(h in a for a in archs for h in VOCAB_HEADS) else 'tied'
+        if head == 'tied' or trust_remote_code:
+            auto = AutoModel
+        elif type(config) in MODEL_FOR_MASKED_LM_MAPPING:
+            auto = AutoModelForMaskedLM
+        else:
+            named = [getattr(transformers, a) for a in archs if hasattr(transformers, a)]
+            if not named:
+                raise ValueError(f'{path!r} ({config.model_type}) has no masked-LM head in transformers and names '
+                                 f'no transformers class in its architectures ({archs}); load it with head="tied"')
+            auto = named[0]
         model = auto.from_pretrained(path, trust_remote_code=trust_remote_code)
-        return cls(model, tokenizer, head)
+        return cls(model, tokenizer, head, mask_token_id)
 
     def forward(self, input_ids, attention_mask):
-        """``(hidden, logits)`` of the last layer, each ``(B, L, ·)``."""
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        """``(hidden, logits)`` of the last layer at every position, each ``(B, L, ·)`` (one-sequence backbones)."""
+        if self.canvas:
+            raise ValueError(f'{type(self.model).__name__} reads a prompt and a canvas: use read() at positions')
+        return self._outputs(input_ids=input_ids, attention_mask=attention_mask)
+
+    def read(self, input_ids, attention_mask, positions):
+        """``(hidden (B, k, d), logits (B, k, V))`` at ``positions`` ``(B, k)`` of the right-padded rows, in one
+        forward pass."""
+        with requires('dense'):
+            import torch
+        rows = torch.arange(len(input_ids), device=input_ids.device)[:, None]
+        if not self.canvas:
+            hidden, logits = self.forward(input_ids, attention_mask)
+            return hidden[rows, positions], logits[rows, positions]
+        start = positions[:, :1]
+        hidden, logits = self._outputs(**self._split(input_ids, attention_mask, start))
+        return hidden[rows, positions - start], logits[rows, positions - start]
+
+    def _split(self, input_ids, attention_mask, start):
+        """The model inputs of rows split at ``start`` ``(B, 1)``: the prompt left-padded (as the model generates),
+        the canvas right-padded; canvas column ``j`` is row column ``start + j``."""
+        with requires('dense'):
+            import torch
+        lengths = attention_mask.sum(1, keepdim=True)
+        width, canvas_width = int(start.max()), int((lengths - start).max())
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        prompt_cols = torch.arange(width, device=input_ids.device) - width + start
+        canvas_cols = torch.arange(canvas_width, device=input_ids.device) + start
+        prompt_mask, canvas_mask = prompt_cols >= 0, canvas_cols < lengths
+        prompt = input_ids.gather(1, prompt_cols.clamp(min=0)).masked_fill(~prompt_mask, pad)
+        canvas = input_ids.gather(1, canvas_cols.clamp(max=input_ids.shape[1] - 1)).masked_fill(~canvas_mask, pad)
+        return {'input_ids': prompt, 'attention_mask': prompt_mask.long(), 'decoder_input_ids': canvas,
+                'decoder_attention_mask': torch.cat([prompt_mask, canvas_mask], 1)}
+
+    def _outputs(self, **inputs):
+        out = self.model(**inputs, output_hidden_states=True)
         hidden = out.hidden_states[-1]
         if self.head == 'tied':
             return hidden, hidden @ self.model.get_input_embeddings().weight.T
@@ -108,14 +174,17 @@ class DiffRetriever(MultiVectorEncoder, SavedModel):
 
     @classmethod
     def from_pretrained(cls, path: str, k_query: Optional[int] = None, k_doc: Optional[int] = None, *,
-                        trust_remote_code: bool = False, head: Optional[str] = None, **kwargs) -> 'DiffRetriever':
-        """Loads any bidirectional model with a mask token (masked LMs, LLaDA/Dream with ``trust_remote_code``,
-        encoder-only checkpoints with a tied head), or a checkpoint written by :meth:`save_pretrained` (its files
-        checked against its ``pt_meta.json``)."""
+                        trust_remote_code: bool = False, head: Optional[str] = None,
+                        mask_token_id: Optional[int] = None, **kwargs) -> 'DiffRetriever':
+        """Loads any bidirectional model with a mask token (masked LMs such as BERT or ModernBERT, DiffusionGemma,
+        LLaDA/Dream with ``trust_remote_code``, encoder-only checkpoints with a tied head), or a checkpoint written by
+        :meth:`save_pretrained` (its files checked against its ``pt_meta.json``)."""
         saved = Path(path).is_dir() and check_saved(path, cls, CONFIG_NAME)
         config = read_json(Path(path) / CONFIG_NAME) if saved else {}
         head = head or config.get('head')
-        backbone = MaskedBackbone.load(str(path), trust_remote_code=trust_remote_code, head=head)
+        mask_token_id = config.get('mask_token_id') if mask_token_id is None else mask_token_id
+        backbone = MaskedBackbone.load(str(path), trust_remote_code=trust_remote_code, head=head,
+                                       mask_token_id=mask_token_id)
         encoder = cls(backbone, k_query=k_query or config.get('k_query', 4), k_doc=k_doc or config.get('k_doc', 4),
                       **kwargs)
         if saved:
@@ -124,15 +193,14 @@ class DiffRetriever(MultiVectorEncoder, SavedModel):
 
     def save_pretrained(self, path) -> None:
         """Writes the model (LoRA adapters merged), tokenizer and K settings, atomically."""
-        model = self.backbone.model
-        if hasattr(model, 'merge_and_unload'):
-            model = model.merge_and_unload()
-            self.backbone.model = model
+        from pyterrier_multiquery.diffretriever.lora import merge_lora
+        model = self.backbone.model = merge_lora(self.backbone.model)
         with building(path) as tmp:
             model.save_pretrained(tmp)
             self.backbone.tokenizer.save_pretrained(tmp)
             (tmp / CONFIG_NAME).write_text(json.dumps({'k_query': self.k_query, 'k_doc': self.k_doc,
-                                                       'head': self.backbone.head}))
+                                                       'head': self.backbone.head,
+                                                       'mask_token_id': self.backbone.mask_token_id}))
             write_meta(tmp, type(self))
         self.path = Path(path)
 
@@ -150,7 +218,7 @@ class DiffRetriever(MultiVectorEncoder, SavedModel):
         rows, positions, content = [], [], []
         for text in texts:
             text_ids = tok(text, add_special_tokens=False, truncation=True, max_length=self.max_length)['input_ids']
-            ids, pos = layout(tok, text_ids, k, side, tok.mask_token_id)
+            ids, pos = layout(tok, text_ids, k, side, self.backbone.mask_token_id)
             rows.append(ids)
             positions.append(pos)
             content.append(content_token_ids(tok, text_ids))
@@ -174,8 +242,7 @@ class DiffRetriever(MultiVectorEncoder, SavedModel):
         per_step = -(-k // self.steps)
         masked = torch.ones_like(positions, dtype=torch.bool)
         for step in range(self.steps):
-            hidden, logits = self.backbone.forward(input_ids, attention_mask)
-            hidden, logits = hidden[rows, positions], logits[rows, positions]
+            hidden, logits = self.backbone.read(input_ids, attention_mask, positions)
             if step == self.steps - 1:
                 return hidden, logits
             confidence, tokens = logits.softmax(-1).max(-1)

@@ -45,9 +45,10 @@ def prompt_ids(tokenizer, text_ids: List[int], k: int, side: str) -> List[int]:
 def layout(tokenizer, text_ids: List[int], k: int, side: str, mask_id: int) -> Tuple[List[int], List[int]]:
     """Token ids of the prompt around ``text_ids`` with ``k`` mask positions, and the indexes of those positions.
 
-    With a chat template (LLaDA, Dream, any instruct model) the instruction is the user turn and the masks follow
-    the assistant prefix, closed by the quote, the turn-end and the end-of-sequence tokens. Without one (BERT-like
-    masked LMs) the layout is ``[CLS] instruction assistant_prefix [MASK]*k " [SEP]``.
+    With a chat template (LLaDA, Dream, DiffusionGemma, any instruct model) the instruction is the user turn and the
+    masks follow the assistant prefix, closed by the quote and by what the template ends an assistant turn with
+    (and EOS). Without one (BERT-like masked LMs, ModernBERT) the layout is the tokenizer's own specials around
+    ``instruction assistant_prefix <mask>*k "`` (``[CLS] ... [SEP]`` for BERT).
     """
     ids = prompt_ids(tokenizer, text_ids, k, side)
     quote = tokenizer('"', add_special_tokens=False)['input_ids']
@@ -67,13 +68,12 @@ def _specials(tokenizer) -> Tuple[List[int], List[int]]:
 
 
 def _turn_end(tokenizer) -> List[int]:
-    """The end-of-turn token of a chat template (when it differs from EOS), then the EOS token."""
-    ids = []
-    for name in ('<|im_end|>', '<|eot_id|>', '<end_of_turn>'):
-        tid = tokenizer.convert_tokens_to_ids(name)
-        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
-            ids.append(tid)
-            break
+    """What the chat template puts after the content of an assistant turn (its end-of-turn token: ``<|im_end|>``,
+    ``<|eot_id|>``, ``<end_of_turn>``, ...), then the EOS token when that is not already among them."""
+    marker = '\0END\0'
+    rendered = tokenizer.apply_chat_template([{'role': 'user', 'content': 'x'},
+                                              {'role': 'assistant', 'content': marker}], tokenize=False)
+    ids = tokenizer(rendered.split(marker)[-1].strip(), add_special_tokens=False)['input_ids']
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
         ids.append(tokenizer.eos_token_id)
     return ids

@@ -16,19 +16,21 @@ def sparse_weights(logits):
 
 def content_token_ids(tokenizer, ids: List[int]) -> List[int]:
     """The distinct ids among ``ids`` that are content words: whole-word tokens (no ``##`` continuation, and for
-    tokenizers marking word starts with ``Ġ``/``▁``, only those), alphabetic, longer than one character and not
-    English stopwords (scikit-learn's list, as :func:`pyterrier_multiquery.cdp.content_words`)."""
+    tokenizers marking word starts with ``Ġ``/``▁``, only those and the text's first token), alphabetic, longer than
+    one character and not English stopwords (scikit-learn's list, as :func:`pyterrier_multiquery.cdp.content_words`).
+    """
     with requires('dense'):
         from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
     marks_starts = _marks_word_starts(tokenizer)
     keep = []
-    for tid, tok in zip(ids, tokenizer.convert_ids_to_tokens(list(ids))):
+    for i, (tid, tok) in enumerate(zip(ids, tokenizer.convert_ids_to_tokens(list(ids)))):
         if tok is None or tok.startswith('##'):
             continue
         if marks_starts:
-            if tok[:1] not in ('Ġ', '▁'):
+            if tok[:1] in ('Ġ', '▁'):
+                tok = tok[1:]
+            elif i > 0:
                 continue
-            tok = tok[1:]
         word = tok.lower()
         if len(word) > 1 and word.isalpha() and word not in ENGLISH_STOP_WORDS and tid not in keep:
             keep.append(tid)

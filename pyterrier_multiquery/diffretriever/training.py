@@ -7,20 +7,9 @@ import numpy as np
 import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
+from pyterrier_multiquery.diffretriever.lora import add_lora
 from pyterrier_multiquery.training.distributed import Share
 from pyterrier_multiquery.training.losses import in_batch_infonce
-
-#: The paper's LoRA settings: rank 16, alpha 64, on every linear projection of the attention and MLP blocks.
-LORA_R, LORA_ALPHA = 16, 64
-
-
-def add_lora(backbone, *, r: int = LORA_R, alpha: int = LORA_ALPHA, dropout: float = 0.05) -> None:
-    """Wraps the backbone's model with peft LoRA adapters (all linear layers of the transformer blocks)."""
-    with requires('train'):
-        from peft import LoraConfig, get_peft_model
-    backbone.model = get_peft_model(backbone.model, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
-                                                               target_modules='all-linear'))
-
 
 def dense_scores(queries, docs, mode: str):
     """``(Q, D)`` scores of normalised ``(Q, k, d)`` query and ``(D, k', d)`` document vectors: ``maxsim``
