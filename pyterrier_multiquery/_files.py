@@ -1,4 +1,6 @@
 """Writing folders (indexes, caches, saved models) so that an interrupted build never leaves one that loads."""
+import fcntl
+import hashlib
 import os
 import shutil
 from contextlib import contextmanager
@@ -83,3 +85,29 @@ def build_once(path: PathLike, build: Callable[[str], None]) -> Path:
         with building(path) as tmp:
             build(str(tmp))
     return path
+
+
+@contextmanager
+def exclusive_lock(path: PathLike) -> Iterator[None]:
+    """Holds an exclusive inter-process lock for ``path`` (on the file ``.NAME.lock`` beside it) within the block.
+
+    Another process (or another open of the lock here) asking for the same lock waits until the block ends; the
+    operating system releases it when the holder dies, so a killed build never leaves it taken.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f'.{path.name}.lock'), 'a') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def file_sha256(path: PathLike, chunk: int = 1 << 20) -> str:
+    """The SHA-256 of a file's bytes, as hex."""
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(chunk), b''):
+            digest.update(block)
+    return digest.hexdigest()

@@ -183,7 +183,8 @@ def test_train_jpr_records_its_curve_and_shares_candidate_states(tmp_path):
     path = systems.train_jpr(first_stage, dataset, dataset.get_topics(), dataset.get_qrels(), **settings)
     training = json.loads((path / systems.JPR_TRAINING).read_text())
     assert [point['epoch'] for point in training['curve']] == [0, 1, 2]
-    assert training['best_epoch'] in (0, 1, 2) and training['settings']['dev_fraction'] == 0.5
+    assert training['best_epoch'] in (0, 1, 2)
+    assert json.loads((path.parent / 'manifest.json').read_text())['key']['settings']['dev_fraction'] == 0.5
     stored = sorted(states.glob('*.npy'))
     assert len(stored) == 4   # one candidate list per question
     again = systems.train_jpr(first_stage, dataset, dataset.get_topics(), dataset.get_qrels(), **settings)

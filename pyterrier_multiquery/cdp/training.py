@@ -33,12 +33,14 @@ def train_bi_encoder(pairs: pd.DataFrame, model: Union[str, Path], output: Union
     """Fine-tunes a sentence-transformers model with InfoNCE over in-batch negatives
     (``MultipleNegativesRankingLoss`` at ``scale``, i.e. temperature 1/scale), and saves it to ``output``.
 
+    Where ``pairs`` has a ``negative`` column (a hard negative text per pair), it joins the in-batch negatives.
+
     Batches never hold the same document twice (a document's other queries would be false negatives). Under
     ``accelerate launch`` each process takes its share of every batch and the in-batch negatives are gathered from
     all of them, so the model trains as in one process; the main process saves it.
 
     Args:
-        pairs: Frame with ``query`` and ``text`` (see :func:`synthetic_pairs`).
+        pairs: Frame with ``query`` and ``text`` (see :func:`synthetic_pairs`), and optionally ``negative``.
         model: The starting checkpoint (a sentence-transformers or Hugging Face path).
         output: Where the trained model is saved (written under a temporary name, renamed when complete).
         epochs: Passes over the pairs.
@@ -79,7 +81,10 @@ def train_bi_encoder(pairs: pd.DataFrame, model: Union[str, Path], output: Union
             gradient_accumulation_steps=gradient_accumulation_steps, fp16=mixed_precision == 'fp16',
             bf16=mixed_precision == 'bf16', learning_rate=learning_rate, seed=seed,
             batch_sampler=BatchSamplers.NO_DUPLICATES, save_strategy='no', report_to='none', logging_steps=10)
-        dataset = Dataset.from_dict({'anchor': list(pairs['query']), 'positive': list(pairs['text'])})
+        columns = {'anchor': list(pairs['query']), 'positive': list(pairs['text'])}
+        if 'negative' in pairs.columns:
+            columns['negative'] = list(pairs['negative'])
+        dataset = Dataset.from_dict(columns)
         loss = MultipleNegativesRankingLoss(encoder, scale=scale, gather_across_devices=state.num_processes > 1)
         SentenceTransformerTrainer(model=encoder, args=args, train_dataset=dataset, loss=loss).train()
     if state.is_main_process:

