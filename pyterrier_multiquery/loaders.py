@@ -295,6 +295,61 @@ class MusiqueDataset(LocalDataset):
         return len(self.paragraphs)
 
 
+class CombinedDataset(LocalDataset):
+    """Several collections as one, e.g. to train on RAMDocs and MuSiQue questions together.
+
+    Each member's qids and docnos get its name as a prefix (``ramdocs/12``, ``musique/3``), so that no two members'
+    identifiers collide; the corpus is the members' corpora one after another.
+    """
+    name = 'combined'
+
+    def __init__(self, datasets: Union[Sequence[pt.datasets.Dataset], Dict[str, pt.datasets.Dataset]]):
+        """
+        Args:
+            datasets: The members, by name (a sequence is named by each member's ``name``, numbered where two
+                share one).
+        """
+        if not isinstance(datasets, dict):
+            names = [getattr(d, 'name', 'dataset') for d in datasets]
+            datasets = {(n if names.count(n) == 1 else f'{n}{i}'): d for i, (n, d) in enumerate(zip(names, datasets))}
+        if len(datasets) < 2:
+            raise ValueError(f'CombinedDataset needs at least two datasets, got {len(datasets)}')
+        bad = [n for n in datasets if not n or '/' in n]
+        if bad:
+            raise ValueError(f'dataset names must be non-empty and hold no "/": {bad}')
+        self.members = dict(datasets)
+
+    @staticmethod
+    def prefixed(frame: pd.DataFrame, name: str) -> pd.DataFrame:
+        """``frame`` with ``name/`` before every ``qid`` and ``docno``."""
+        frame = frame.copy()
+        for column in ('qid', 'docno'):
+            if column in frame.columns:
+                frame[column] = f'{name}/' + frame[column].astype(str)
+        return frame
+
+    def _topics(self, variant):
+        return pd.concat([self.prefixed(d.get_topics(variant), n) for n, d in self.members.items()], ignore_index=True)
+
+    def _qrels(self, variant):
+        return pd.concat([self.prefixed(d.get_qrels(variant), n) for n, d in self.members.items()], ignore_index=True)
+
+    def _corpus(self):
+        for name, dataset in self.members.items():
+            for document in dataset.get_corpus_iter(verbose=False):
+                yield {**document, 'docno': f'{name}/{document["docno"]}'}
+
+    def corpus_size(self):
+        sizes = [d.corpus_size() if hasattr(d, 'corpus_size') else None for d in self.members.values()]
+        return None if None in sizes else sum(sizes)
+
+    def _key(self):
+        return (type(self), tuple((n, d) for n, d in self.members.items()))
+
+    def __repr__(self):
+        return f'{type(self).__name__}({self.members!r})'
+
+
 def load_dataset(spec: PathLike) -> pt.datasets.Dataset:
     """Loads a dataset from a path or an ``irds:`` identifier.
 

@@ -297,6 +297,25 @@ def test_untrained_encoder_amer_ranks_as_the_single_vector_retriever(minilm_path
     merged = amer(queries)
     assert merged.groupby('qid')['docno'].agg(list).to_dict() == single.groupby('qid')['docno'].agg(list).to_dict()
 
+def test_a_trained_encoder_amer_at_departure_zero_emits_the_encoders_query_vector(minilm_path, minilm_query_vectors,
+                                                                                 tmp_path):
+    import torch
+    from pyterrier_multiquery.amer import AMERModel, EncoderAMERModel
+    model = EncoderAMERModel.from_encoder(minilm_path, num_vectors=3, train_encoder='none')
+    with torch.no_grad():
+        model.out_proj.weight.normal_()   # as if trained: the residual is not zero
+    assert np.abs(model.encode(QUERIES)[:, 1:] - minilm_query_vectors[:, None]).max() > .1
+    model.departure = 0.
+    assert np.abs(model.encode(QUERIES) - minilm_query_vectors[:, None]).max() < 1e-5
+    model.departure = .5
+    halfway = model.encode(QUERIES)
+    model.save_pretrained(tmp_path / 'amer')
+    loaded = AMERModel.from_pretrained(tmp_path / 'amer')
+    assert loaded.departure == .5 and np.abs(loaded.encode(QUERIES) - halfway).max() < 1e-5
+    with pytest.raises(ValueError, match=r'departure must lie in \[0, 1\]'):
+        model.departure = -.1
+
+
 
 def pt_dense_retriever(docs: pd.DataFrame):
     """Exhaustive dot-product retrieval over ``docs``' vectors (the single-vector reference)."""

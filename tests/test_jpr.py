@@ -271,6 +271,47 @@ def test_an_untrained_prior_model_returns_the_first_stage_order(tiny_bert, decod
     assert out.query('qid == "q2"')['docno'].tolist() == ['e1', 'e0']
 
 
+def trained_prior_model(tiny_bert):
+    from pyterrier_multiquery.jpr import JPRTrainer
+    model = new_model(tiny_bert, prior=True)
+    JPRTrainer(model, k=3, epochs=2, learning_rate=1e-2, verbose=False).fit(examples())
+    return model
+
+
+@pytest.mark.parametrize('decode', ['tree', 'seq', 'independent'])
+def test_a_trained_model_at_departure_zero_returns_the_first_stage_order(tiny_bert, decode):
+    from pyterrier_multiquery.jpr import JPR
+    model = trained_prior_model(tiny_bert)
+    assert model.query_head.weight.any()   # trained: the pointer's logits are not zero
+    model.departure = 0.
+    out = JPR(model, k=5, decode=decode)(scored_results())
+    assert out.query('qid == "q1"')['docno'].tolist() == ['d1', 'd4', 'd3', 'd0', 'd5']
+
+
+def test_departure_scales_the_pointer_logits_and_is_saved(tiny_bert, tmp_path):
+    import torch
+    from pyterrier_multiquery.jpr import JPRModel
+    model = trained_prior_model(tiny_bert).eval()
+    memory = model.passages('who won', ['brazil', 'france', 'italy']).unsqueeze(0)
+    prefix, ranks = torch.tensor([[1]]), torch.tensor([[2, 0, 1]])
+    prior = -model.prior_weight * torch.log1p(ranks.float())
+    full = model(memory, prefix, ranks=ranks)
+    model.departure = .3
+    half = model(memory, prefix, ranks=ranks)
+    # recover the pointer's logits from the full model (log-softmax up to a constant), then scale them by hand
+    pointer = full[0, 0] - prior[0]
+    assert torch.allclose(half[0, 0], (.3 * pointer + prior[0]).log_softmax(-1), atol=1e-5)
+    model.save_pretrained(tmp_path / 'jpr')
+    assert JPRModel.from_pretrained(tmp_path / 'jpr').departure == .3
+
+
+def test_departure_is_validated(tiny_bert):
+    with pytest.raises(ValueError, match=r'departure must lie in \[0, 1\]'):
+        new_model(tiny_bert, prior=True).departure = 1.5
+    with pytest.raises(ValueError, match='no first stage to fall back to'):
+        new_model(tiny_bert, prior=False).departure = .5
+
+
 def test_jpr_examples_carry_ranks_and_answers_in_the_rerankers_index_order():
     from pyterrier_multiquery.jpr import jpr_examples
     from pyterrier_multiquery.jpr.reranker import index_order
@@ -312,6 +353,21 @@ def test_train_jpr_records_the_curve_and_keeps_the_best_dev_epoch(tiny_bert):
     assert model.prior_weight.item() == 1. and not model.query_head.weight.any()
     out = JPR(model, k=3, num_candidates=6)(frame)
     assert out['docno'].tolist() == frame.groupby('qid').head(3)['docno'].tolist()
+
+
+def test_a_fixed_schedule_keeps_the_last_epoch_and_the_held_out_questions_choose_the_departure(tiny_bert):
+    from pyterrier_multiquery.jpr import JPR, train_jpr
+    frame, qrels = first_stage_with_answers_on_top()
+    settings = dict(num_candidates=6, train_candidates=6, k=3, epochs=2, decoder_layers=1, learning_rate=1e-2)
+    model = train_jpr(frame, qrels, str(tiny_bert), dev_fraction=.5, choose_epoch=False, departure='one_se',
+                      **settings)
+    assert model.best_epoch == 2 and model.prior_weight.item() != 1.   # the last epoch, trained
+    # the first stage already covers every held-out answer: no weight does better, so the first stage is kept
+    assert model.departure_scores == {'0.0': 1., '0.25': 1., '0.5': 1., '0.75': 1., '1.0': 1.}
+    assert model.departure == 0.
+    assert JPR(model, k=3, num_candidates=6)(frame)['docno'].tolist() == frame.groupby('qid').head(3)['docno'].tolist()
+    with pytest.raises(ValueError, match='give dev_fraction > 0'):
+        train_jpr(frame, qrels, str(tiny_bert), dev_fraction=0., departure='one_se', **settings)
 
 
 def test_prior_model_save_and_load_round_trip(tiny_bert, tmp_path):

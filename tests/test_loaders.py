@@ -140,3 +140,26 @@ def test_text_loader_joins_corpus_fields_by_docno(tmp_path):
         ds.text_loader()(pd.DataFrame({'qid': ['q1'], 'docno': ['d9']}))
     with pytest.raises(ValueError, match='no corpus field'):
         ds.text_loader('abstract')(pd.DataFrame({'qid': ['q1'], 'docno': ['d1']}))
+
+
+def test_combined_dataset_prefixes_each_members_identifiers(data_dir):
+    import pyterrier as pt
+    from pyterrier_multiquery.experiment.evaluation import training_questions
+    from pyterrier_multiquery.loaders import CombinedDataset
+    ramdocs, musique = load_dataset(data_dir / 'ramdocs'), load_dataset(data_dir / 'musique')
+    both = CombinedDataset([ramdocs, musique])
+    topics, qrels, docs = both.get_topics(), both.get_qrels(), corpus(both)
+    assert len(topics) == 600 and len(qrels) == 1918 + 237 and len(docs) == 2766 + 1890 == both.corpus_size()
+    last = musique.get_topics()['qid'].iloc[-1]
+    assert topics['qid'].iloc[0] == 'ramdocs/0' and topics['qid'].iloc[-1] == f'musique/{last}'
+    assert docs[2766] == {**corpus(musique)[0], 'docno': 'musique/0'}
+    assert set(qrels['docno']) <= {d['docno'] for d in docs}
+    assert pt.text.get_text(both, 'text')(qrels.head(1))['text'].iloc[0] == corpus(ramdocs)[0]['text']
+    # training on both: each member's fixed training split (60 %), prefixed
+    train_topics, train_qrels = training_questions(both)
+    assert train_topics['qid'].str.split('/').str[0].value_counts().to_dict() == {'ramdocs': 298, 'musique': 60}
+    assert set(train_qrels['qid']) <= set(train_topics['qid'])
+    with pytest.raises(ValueError, match='at least two'):
+        CombinedDataset([ramdocs])
+    with pytest.raises(ValueError, match='no "/"'):
+        CombinedDataset({'a/b': ramdocs, 'c': musique})

@@ -46,7 +46,9 @@ class EncoderAMERModel(AMERModel):
     normalised); vector t > 1 is ``normalise(q + out_proj(h_t))``, h_t being the hidden state of the last fed
     vector. ``out_proj`` starts at zero and the encoder at its pretrained weights, so an untrained model emits q
     N times and its merged ranking is the encoder's: training learns only the departure from it (q itself moves
-    only when the encoder trains).
+    only when the encoder trains). ``departure`` (saved with the model) scales the residual: 0 gives q N times
+    whatever the weights, 1 the trained model; a value between keeps the model near its encoder on collections
+    it never saw (:func:`~pyterrier_multiquery.training.departure.choose_departure` picks it on training questions).
 
     It saves as an ``amer_model.encoder_hf`` artifact, which ``AMERModel.from_pretrained`` and ``pt.Artifact.load``
     load.
@@ -54,7 +56,7 @@ class EncoderAMERModel(AMERModel):
     ARTIFACT_FORMAT = 'encoder_hf'
 
     def __init__(self, encoder, tokenizer, doc_dim: int, *, num_vectors: int = 3, pooling: str = 'mean',
-                 max_length: int = 256, source: Optional[dict] = None):
+                 max_length: int = 256, source: Optional[dict] = None, departure: float = 1.):
         """
         Args:
             encoder: A Hugging Face encoder (``AutoModel``, a peft model for LoRA).
@@ -64,8 +66,10 @@ class EncoderAMERModel(AMERModel):
             pooling: ``'mean'`` or ``'cls'``, as the encoder's sentence-transformers configuration says.
             max_length: Query tokens read at most.
             source: How the model was made (kept by :meth:`save_pretrained`).
+            departure: The weight of the residual (1: as trained).
         """
         super().__init__(encoder, tokenizer, doc_dim, num_vectors=num_vectors, source=source)
+        self.departure = departure
         if encoder.config.hidden_size != doc_dim:
             raise ValueError(f'the encoder emits {encoder.config.hidden_size}-dimensional states but the documents '
                              f'are {doc_dim}-dimensional: AMER over an encoder needs the same encoder on both sides')
@@ -75,6 +79,17 @@ class EncoderAMERModel(AMERModel):
         self.max_length = max_length
         nn.init.zeros_(self.out_proj.weight)
         nn.init.zeros_(self.out_proj.bias)
+
+    @property
+    def departure(self) -> float:
+        """The weight of the learned residual added to the encoder's query vector."""
+        return self._departure
+
+    @departure.setter
+    def departure(self, value: float) -> None:
+        if not 0. <= value <= 1.:
+            raise ValueError(f'departure must lie in [0, 1], got {value}')
+        self._departure = float(value)
 
     @classmethod
     def from_encoder(cls, path: Union[str, Path], *, num_vectors: int = 3, train_encoder: str = 'lora',
@@ -133,7 +148,7 @@ class EncoderAMERModel(AMERModel):
                 pooled = hidden[:, 0]
             return F.normalize(pooled, dim=-1), F.normalize(pooled, dim=-1)
         residual = self.out_proj(hidden[:, -1])    # the last fed vector: fed positions follow the padded query
-        return F.normalize(state + residual, dim=-1), state
+        return F.normalize(state + self.departure * residual, dim=-1), state
 
     def save_pretrained(self, path: Union[str, Path]) -> None:
         """Writes the encoder (LoRA adapters merged into it), tokenizer, projections and settings atomically."""
@@ -149,7 +164,7 @@ class EncoderAMERModel(AMERModel):
                        tmp / PROJECTIONS)
             (tmp / CONFIG_NAME).write_text(json.dumps({
                 'doc_dim': self.doc_dim, 'num_vectors': self.num_vectors, 'pooling': self.pooling,
-                'max_length': self.max_length, 'source': self.source}, indent=2))
+                'max_length': self.max_length, 'source': self.source, 'departure': self.departure}, indent=2))
             write_meta(tmp, type(self))
         self.path = Path(path)
 
@@ -163,7 +178,7 @@ class EncoderAMERModel(AMERModel):
         encoder = AutoModel.from_pretrained(str(path / 'lm'), dtype=torch.float32)
         model = cls(encoder, AutoTokenizer.from_pretrained(str(path / 'lm')), config['doc_dim'],
                     num_vectors=config['num_vectors'], pooling=config['pooling'], max_length=config['max_length'],
-                    source=config['source'])
+                    source=config['source'], departure=config.get('departure', 1.))
         projections = torch.load(path / PROJECTIONS, map_location='cpu', weights_only=True)
         model.in_proj.load_state_dict(projections['in_proj'])
         model.out_proj.load_state_dict(projections['out_proj'])
@@ -196,4 +211,4 @@ class LinearResidualAMERModel(EncoderAMERModel):
         """The encoder's query vector at the first step; ``normalise(q + W q_{t-1})`` after it."""
         if state is None:
             return super().step_vector(inputs_embeds, attention_mask)
-        return F.normalize(state + self.out_proj(inputs_embeds[:, -1]), dim=-1), state
+        return F.normalize(state + self.departure * self.out_proj(inputs_embeds[:, -1]), dim=-1), state

@@ -282,6 +282,21 @@ def dataset_split(dataset, variant: Optional[str] = None, *, train_fraction: flo
     return Split(None, None, topics, qrels, f'no training split: all {len(topics)} queries are test queries')
 
 
+def training_questions(dataset) -> Tuple[pd.DataFrame, pd.DataFrame]:
+    """The topics and qrels a model trains on when ``dataset`` is given for training: its training part
+    (:func:`dataset_split`), or all of it when it has none; for a
+    :class:`~pyterrier_multiquery.loaders.CombinedDataset`, each member's, with the member's prefix."""
+    from pyterrier_multiquery.loaders import CombinedDataset
+    if isinstance(dataset, CombinedDataset):
+        parts = [training_questions(member) for member in dataset.members.values()]
+        return tuple(pd.concat([CombinedDataset.prefixed(part[i], name) for name, part in zip(dataset.members, parts)],
+                               ignore_index=True) for i in (0, 1))
+    split = dataset_split(dataset)
+    if split.train_topics is None:
+        return split.test_topics, split.test_qrels
+    return split.train_topics, split.train_qrels
+
+
 def judged_sample(topics: pd.DataFrame, qrels: pd.DataFrame, size: int, *,
                   seed: int = 0) -> Tuple[pd.DataFrame, pd.DataFrame]:
     """A fixed random sample of ``size`` queries that have judgements, in sample order, and their qrels."""

@@ -15,10 +15,14 @@ from pyterrier_multiquery.experiment.determinism import DEFAULT_THREADS
 FINE_TUNED = 'MiniLM-FT'
 #: The trained multi-vector methods, compared with it.
 TRAINED = ('AMER', 'MiniLM >> JPR', 'AMER >> JPR')
-#: How the main job trains: on every training question for the trainers' epochs, a schedule fixed in advance (AMER's
-#: lists merged round-robin, as in its paper). Choosing an epoch and merge on a few dozen held-out questions picked a
-#: different point at each run, which is noise, not choice.
-FIXED_SCHEDULE = {'dev_fraction': 0.}
+#: How the main job trains each model: for the trainers' epochs, a schedule fixed in advance (AMER's lists merged
+#: round-robin, as in its paper); choosing an epoch and merge on a few dozen held-out questions picked a different
+#: point at each run, which is noise, not choice. A fifth of the training questions is held out to choose how far
+#: AMER and JPR depart from their first stage (the one-standard-error rule), so that they stay near it where their
+#: training does not carry over.
+SCHEDULES = {FINE_TUNED: {},
+             'AMER': {'dev_fraction': .2, 'choose_epoch': False, 'departure': 'one_se', 'merges': ('round_robin',)},
+             'JPR': {'dev_fraction': .2, 'choose_epoch': False, 'departure': 'one_se'}}
 
 
 def main(argv=None) -> int:
@@ -30,8 +34,9 @@ def main(argv=None) -> int:
                         help='the folder of the bundled collections, for the default --dataset '
                              '(default: $PYTERRIER_MULTIQUERY_DATA or %(default)s)')
     parser.add_argument('--variant', help='topics/qrels variant, e.g. the BEIR split (default: the dataset\'s own)')
-    parser.add_argument('--train-dataset', help='train AMER, JPR and the MMR lambda on this dataset\'s training split '
-                                                '(all of it when it has none) instead of --dataset\'s')
+    parser.add_argument('--train-dataset', nargs='+', metavar='DATASET',
+                        help='train the models and the MMR lambda on these datasets\' training splits (all of one '
+                             'when it has none; several are trained on together) instead of --dataset\'s')
     parser.add_argument('--cache-dir', default=str(Path.home() / '.cache' / 'pyterrier_multiquery'),
                         help='where indexes and trained models are built once and reused, keyed by the data, '
                              'settings, versions and code that made them (default: %(default)s)')
@@ -55,8 +60,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from pyterrier_multiquery._quiet import quiet
-    from pyterrier_multiquery.loaders import load_dataset
-    from pyterrier_multiquery.experiment.evaluation import dataset_split
+    from pyterrier_multiquery.loaders import CombinedDataset, load_dataset
+    from pyterrier_multiquery.experiment.evaluation import dataset_split, training_questions
 
     spec = args.dataset
     if spec is None:
@@ -66,7 +71,10 @@ def main(argv=None) -> int:
                          'of the bundled collections, or --dataset a path or an irds: identifier')
     try:
         dataset = load_dataset(spec)
-        train_dataset = load_dataset(args.train_dataset) if args.train_dataset else None
+        train_dataset = None
+        if args.train_dataset:
+            members = [load_dataset(member) for member in args.train_dataset]
+            train_dataset = members[0] if len(members) == 1 else CombinedDataset(members)
     except (FileNotFoundError, ValueError) as e:
         parser.error(str(e))
 
@@ -77,17 +85,18 @@ def main(argv=None) -> int:
         folders_before = _irds_folders()
         try:
             split = dataset_split(dataset, args.variant)
-            train_split = split if train_dataset is None else dataset_split(train_dataset)
+            train_split = split
+            if train_dataset is not None:
+                train_topics, train_qrels = training_questions(train_dataset)
+                train_split = split._replace(train_topics=train_topics, train_qrels=train_qrels)
         except OSError as e:   # ir_datasets downloads topics and qrels on first use
             _remove_new_empty_folders(folders_before)
             parser.error(f'could not read the topics and qrels ({type(e).__name__}: {e}); an irds: dataset needs the '
                          'network the first time: without one, give --dataset a local copy')
-        if train_dataset is not None and train_split.train_topics is None:   # a dataset without a split: all of it
-            train_split = train_split._replace(train_topics=train_split.test_topics, train_qrels=train_split.test_qrels)
         test_topics, test_qrels = (split.test_topics, split.test_qrels)
         print(f'dataset: {spec} ({split.description}; evaluated on {len(test_topics)} test queries)')
         if train_dataset is not None:
-            print(f'training on: {args.train_dataset} ({len(train_split.train_topics)} queries)')
+            print(f'training on: {" + ".join(args.train_dataset)} ({len(train_split.train_topics)} queries)')
         train = train_split.train_topics is not None and not args.no_train
         if train_split.train_topics is None and not args.no_train:
             print(f'{spec} has no training split and no --train-dataset was given: AMER and JPR are not trained '
@@ -168,17 +177,17 @@ def build_systems(args, spec, dataset, train_dataset, train_split, train: bool):
     if train:
         print(f'{FINE_TUNED}: MiniLM fine-tuned on the training split (on the first run; then cached)', flush=True)
         fine_tuned = systems.train_single_vector(train_first_stage, train_split.train_topics, train_split.train_qrels,
-                                                 seed=args.seed, threads=args.threads)
+                                                 **SCHEDULES[FINE_TUNED], seed=args.seed, threads=args.threads)
         table[FINE_TUNED] = systems.single_vector(first_stage, fine_tuned)
     amer_model, jpr_model = args.amer, args.jpr
     if train and amer_model is None:
         print('AMER: trained on the training split (on the first run; then cached)', flush=True)
         amer_model = systems.train_amer(train_first_stage, train_split.train_topics, train_split.train_qrels,
-                                        **FIXED_SCHEDULE, merges=('round_robin',), seed=args.seed, threads=args.threads)
+                                        **SCHEDULES['AMER'], seed=args.seed, threads=args.threads)
     if train and jpr_model is None:
         print('JPR: trained on the training split (on the first run; then cached)', flush=True)
         jpr_model = systems.train_jpr(train_first_stage, train_dataset or dataset, train_split.train_topics,
-                                      train_split.train_qrels, **FIXED_SCHEDULE, seed=args.seed, threads=args.threads)
+                                      train_split.train_qrels, **SCHEDULES['JPR'], seed=args.seed, threads=args.threads)
     if amer_model is not None:
         table['AMER'] = systems.amer(first_stage, amer_model, batch_size=args.batch_size)
     if jpr_model is not None:

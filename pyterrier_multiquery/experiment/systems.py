@@ -27,6 +27,7 @@ from pyterrier_multiquery.experiment.cache import (
     entry_key,
 )
 from pyterrier_multiquery.experiment.determinism import DEFAULT_THREADS, make_deterministic
+from pyterrier_multiquery.training.departure import DEPARTURE_GRID, choose_departure
 
 MMR_LAMBDAS = (0.5, 0.7, 0.8, 0.9, 0.95)
 AMER_MERGES = ('round_robin', 'score_sum', 'rrf')
@@ -190,20 +191,22 @@ def tune_mmr_lambda(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: p
 def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.DataFrame, *, num_vectors: int = 2,
                epochs: int = 8, learning_rate: float = 1e-4, train_encoder: str = 'none', residual: str = 'encoder',
                batch_size: int = 32, temperature: float = 0.05, negatives: int = 64, hard_negatives: int = 10,
-               merges: Sequence[str] = AMER_MERGES, dev_fraction: float = 0.2, seed: int = 0,
-               threads: int = DEFAULT_THREADS) -> Path:
+               merges: Sequence[str] = AMER_MERGES, dev_fraction: float = 0.2, choose_epoch: bool = True,
+               departure: Union[float, str] = 1., seed: int = 0, threads: int = DEFAULT_THREADS) -> Path:
     """AMER over all-MiniLM-L6-v2, trained on ``topics`` and multi-answer ``qrels`` once; returns its folder.
 
     The targets are one MiniLM passage vector per answer and the hard negatives MiniLM's top non-relevant passages
     (:func:`~pyterrier_multiquery.amer.training.answer_targets`). A ``dev_fraction`` of the questions is held out:
     before training and after every epoch the model's lists, merged each way in ``merges``, are scored on them
     (the mean of MRecall@5 and MRecall@10), and the epoch and merge that score best are kept (the earliest on
-    ties; epoch 0 is MiniLM itself). ``training.json`` in the folder records that curve and the choice, and
-    :func:`amer` reads the merge from it. The model is an entry of the first stage's cache, keyed by the training
-    questions and qrels, the settings, the code and the first stage, and reused while none of these changes.
-    ``residual='linear'`` trains the
-    :class:`~pyterrier_multiquery.amer.encoder_model.LinearResidualAMERModel` ablation instead (``train_encoder`` then
-    does not apply).
+    ties; epoch 0 is MiniLM itself); with ``choose_epoch=False`` the last epoch and the first merge are kept (a
+    schedule fixed in advance). ``departure='one_se'`` then chooses the model's departure weight on the held-out
+    questions (:func:`~pyterrier_multiquery.training.departure.choose_departure`), a number sets it.
+    ``training.json`` in the folder records the curve and the choices, and :func:`amer` reads the merge from it.
+    The model is an entry of the first stage's cache, keyed by the training questions and qrels, the settings, the
+    code and the first stage, and reused while none of these changes. ``residual='linear'`` trains the
+    :class:`~pyterrier_multiquery.amer.encoder_model.LinearResidualAMERModel` ablation instead (``train_encoder``
+    then does not apply).
     """
     if residual not in ('encoder', 'linear'):
         raise ValueError(f"residual must be 'encoder' or 'linear', got {residual!r}")
@@ -211,7 +214,10 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
                 'train_encoder': train_encoder, 'residual': residual, 'batch_size': batch_size,
                 'temperature': temperature,
                 'negatives': negatives, 'hard_negatives': hard_negatives, 'merges': list(merges),
-                'dev_fraction': dev_fraction, 'seed': seed, 'threads': threads}
+                'dev_fraction': dev_fraction, 'choose_epoch': choose_epoch, 'departure': departure, 'seed': seed,
+                'threads': threads}
+    if departure == 'one_se' and not dev_fraction:
+        raise ValueError("departure='one_se' chooses the weight on held-out questions: give dev_fraction > 0")
     return first_stage.cache.get(
         'amer', lambda path: _fit_amer(first_stage, topics, qrels, path, **settings), settings=settings,
         data=data_fingerprint(topics[['qid', 'query']], qrels), first_stage=first_stage.key,
@@ -221,7 +227,7 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
 def _fit_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.DataFrame, path: Path, *,
               num_vectors: int, epochs: int, learning_rate: float, train_encoder: str, residual: str, batch_size: int,
               temperature: float, negatives: int, hard_negatives: int, merges: Sequence[str], dev_fraction: float,
-              seed: int, threads: int) -> None:
+              choose_epoch: bool, departure: Union[float, str], seed: int, threads: int) -> None:
     """Trains the AMER of :func:`train_amer` and writes it and ``training.json`` at ``path``."""
     import copy
 
@@ -251,15 +257,18 @@ def _fit_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Data
     index = first_stage.multivector_index()
     curve, best = [], None
 
+    def dev_scores(merge: str) -> pd.Series:
+        """Each held-out question's mean of MRecall@5 and MRecall@10 with the model as it is now."""
+        run = index.multiquery_retriever(merge, num_results=10)(AMER(model, batch_size=batch_size)(dev_topics))
+        return per_query({merge: run}, dev_qrels, [MRecall @ 5, MRecall @ 10]).groupby('qid')['value'].mean()
+
     def evaluate(epoch: int, loss: Optional[float] = None):
         nonlocal best
         point = {'epoch': epoch, 'loss': loss}
         if dev_qids:
-            encoded = AMER(model, batch_size=batch_size)(dev_topics)
             for merge in merges:
-                run = index.multiquery_retriever(merge, num_results=10)(encoded)
-                point[merge] = float(per_query({merge: run}, dev_qrels, [MRecall @ 5, MRecall @ 10])['value'].mean())
-                if best is None or point[merge] > best[0]:
+                point[merge] = float(dev_scores(merge).mean())
+                if choose_epoch and (best is None or point[merge] > best[0]):
                     best = (point[merge], epoch, merge, copy.deepcopy(model.state_dict()))
         curve.append(point)
 
@@ -270,8 +279,19 @@ def _fit_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Data
                 negatives_per_query, after_epoch=evaluate)
     if best is not None:
         model.load_state_dict(best[3])
-    model.save_pretrained(path)
     chosen = {'epoch': best[1], 'merge': best[2], 'dev': best[0]} if best else {'epoch': epochs, 'merge': merges[0]}
+    if departure == 'one_se':
+        scores = {}
+        for weight in DEPARTURE_GRID:
+            model.departure = weight
+            scores[weight] = dev_scores(chosen['merge'])
+        scores = pd.DataFrame(scores)
+        model.departure = choose_departure(scores)
+        chosen['departure_scores'] = {str(w): float(v) for w, v in scores.mean().items()}
+    else:
+        model.departure = departure
+    chosen['departure'] = model.departure
+    model.save_pretrained(path)
     (path / AMER_TRAINING).write_text(json.dumps({'curve': curve, 'chosen': chosen,
                                                   'train_questions': len(train_qids),
                                                   'dev_questions': len(dev_qids)}, indent=2))
@@ -279,21 +299,24 @@ def _fit_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Data
 
 def train_jpr(first_stage: DenseFirstStage, dataset, topics: pd.DataFrame, qrels: pd.DataFrame, *,
               num_candidates: int = 20, k: int = 10, epochs: int = 10, mode: str = 'dynamic_oracle',
-              prior: bool = True, dev_fraction: float = 0.2, learning_rate: float = 3e-4, gamma: float = 1.0,
+              prior: bool = True, dev_fraction: float = 0.2, choose_epoch: bool = True,
+              departure: Union[float, str] = 1., learning_rate: float = 3e-4, gamma: float = 1.0,
               max_length: int = 128, seed: int = 0, threads: int = DEFAULT_THREADS,
               state_cache: Optional[os.PathLike] = None) -> Path:
     """JPR over MiniLM's top ``num_candidates``, trained once; returns its folder.
 
-    The passage encoder is the frozen all-MiniLM-L6-v2; the epoch is chosen on a held-out ``dev_fraction`` of the
-    training questions (:func:`~pyterrier_multiquery.jpr.training.train_jpr`, which documents the other settings;
-    ``mode='independent'`` trains IndepPR). ``training.json`` in the folder records the training curve and the
-    epoch kept. The model is an entry of the first stage's cache, keyed by the training questions and qrels, the
-    corpus, the settings, the code and the first stage; ``state_cache`` is a folder where the frozen encoder keeps
-    the candidates' states, so that models trained on the same candidates (folds, ablations) and :func:`jpr` with
-    the same folder encode each candidate list once.
+    The passage encoder is the frozen all-MiniLM-L6-v2; the epoch (unless ``choose_epoch=False``) and the
+    departure weight (with ``departure='one_se'``) are chosen on a held-out ``dev_fraction`` of the training
+    questions (:func:`~pyterrier_multiquery.jpr.training.train_jpr`, which documents the other settings;
+    ``mode='independent'`` trains IndepPR). ``training.json`` in the folder records the training curve, the
+    epoch kept and the departure weight. The model is an entry of the first stage's cache, keyed by the training
+    questions and qrels, the corpus, the settings, the code and the first stage; ``state_cache`` is a folder where
+    the frozen encoder keeps the candidates' states, so that models trained on the same candidates (folds,
+    ablations) and :func:`jpr` with the same folder encode each candidate list once.
     """
     settings = {'num_candidates': num_candidates, 'k': k, 'epochs': epochs, 'mode': mode, 'prior': prior,
-                'dev_fraction': dev_fraction, 'learning_rate': learning_rate, 'gamma': gamma,
+                'dev_fraction': dev_fraction, 'choose_epoch': choose_epoch, 'departure': departure,
+                'learning_rate': learning_rate, 'gamma': gamma,
                 'max_length': max_length, 'seed': seed, 'threads': threads}
     corpus = first_stage.corpus if dataset is first_stage.dataset else corpus_fingerprint(dataset)
 
@@ -307,11 +330,12 @@ def train_jpr(first_stage: DenseFirstStage, dataset, topics: pd.DataFrame, qrels
         encoder.state_cache = state_cache
         candidates = (first_stage.retriever(num_candidates) >> pt.text.get_text(dataset, 'text'))(topics)
         model = train(candidates, qrels, encoder, mode=mode, prior=prior, num_candidates=num_candidates, k=k,
-                      epochs=epochs, dev_fraction=dev_fraction, learning_rate=learning_rate, gamma=gamma, seed=seed,
-                      verbose=first_stage.verbose)
+                      epochs=epochs, dev_fraction=dev_fraction, choose_epoch=choose_epoch, departure=departure,
+                      learning_rate=learning_rate, gamma=gamma, seed=seed, verbose=first_stage.verbose)
         model.save_pretrained(path)
-        (path / JPR_TRAINING).write_text(json.dumps({'curve': model.training_curve, 'best_epoch': model.best_epoch},
-                                                    indent=2))
+        (path / JPR_TRAINING).write_text(json.dumps({
+            'curve': model.training_curve, 'best_epoch': model.best_epoch, 'departure': model.departure,
+            'departure_scores': model.departure_scores}, indent=2))
 
     return first_stage.cache.get('jpr', fit, data=data_fingerprint(topics[['qid', 'query']], qrels, corpus),
                                  settings=settings, code=code_fingerprint('pyterrier_multiquery.experiment.systems'),

@@ -103,7 +103,10 @@ class JPRModel(nn.Module, SavedModel):
     With ``prior=True`` each candidate's logit also gets ``w * -log(1 + rank)``, ``rank`` being its first-stage
     rank (0 for the top passage) and ``w`` a learned scalar starting at 1. The pointer's query head starts at zero,
     so an untrained model's logits are the prior alone: every decoder then returns the first-stage order, and
-    training learns only the departure from it.
+    training learns only the departure from it. ``departure`` (saved with the model) scales the pointer's part of
+    the logits: 0 gives the first-stage order whatever the weights, 1 the trained model; a value between keeps a
+    model near its first stage on collections it never saw
+    (:func:`~pyterrier_multiquery.training.departure.choose_departure` picks it on training questions).
 
     A saved model is a PyTerrier artifact (``jpr_model.hf``): ``pt.Artifact.load(path)`` loads it and
     ``to_hf``/``from_hf`` share it.
@@ -112,7 +115,7 @@ class JPRModel(nn.Module, SavedModel):
 
     def __init__(self, encoder: Union[str, PassageEncoder], *, decoder_layers: int = 2, decoder_heads: int = 4,
                  decoder_dropout: float = 0.1, freeze_encoder: bool = True, max_length: int = 256,
-                 max_steps: int = 32, prior: bool = True):
+                 max_steps: int = 32, prior: bool = True, departure: float = 1.):
         """
         Args:
             encoder: A checkpoint path, or a :class:`PassageEncoder` to share with other models.
@@ -123,6 +126,8 @@ class JPRModel(nn.Module, SavedModel):
             max_length: Tokens per candidate text; ignored for a shared encoder.
             max_steps: The longest passage sequence the decoder handles.
             prior: Whether the logits add the learned first-stage rank prior (the model then needs ``ranks``).
+            departure: The weight of the pointer's logits next to the prior (1: as trained; needs the prior
+                otherwise).
         """
         super().__init__()
         self.path = SavedModel.NO_PATH
@@ -141,10 +146,25 @@ class JPRModel(nn.Module, SavedModel):
         self.query_head = nn.Linear(width, width)
         self.key_head = nn.Linear(width, width)
         self.prior = prior
+        self.departure = departure
         if prior:
             nn.init.zeros_(self.query_head.weight)
             nn.init.zeros_(self.query_head.bias)
             self.prior_weight = nn.Parameter(torch.ones(()))
+
+    @property
+    def departure(self) -> float:
+        """The weight of the pointer's logits next to the first-stage prior."""
+        return self._departure
+
+    @departure.setter
+    def departure(self, value: float) -> None:
+        if not 0. <= value <= 1.:
+            raise ValueError(f'departure must lie in [0, 1], got {value}')
+        if value != 1. and not self.prior:
+            raise ValueError('a JPR model without a first-stage prior has no first stage to fall back to: '
+                             'departure must be 1')
+        self._departure = float(value)
 
     def trainable_parameters(self):
         """The decoder's parameters, and the encoder's when it is not frozen."""
@@ -176,6 +196,8 @@ class JPRModel(nn.Module, SavedModel):
         hidden = self.decoder(inputs, memory, tgt_mask=causal, tgt_is_causal=True,
                               memory_key_padding_mask=memory_mask)
         logits = self.query_head(hidden) @ self.key_head(memory).transpose(1, 2) / self.width ** .5
+        if self.departure != 1.:
+            logits = self.departure * logits
         if self.prior:
             if ranks is None:
                 raise ValueError('this JPR model has a first-stage prior: give the candidates\' ranks')
@@ -195,7 +217,7 @@ class JPRModel(nn.Module, SavedModel):
             self.passages.save_pretrained(tmp / 'encoder')
             torch.save({k: v for k, v in self.state_dict().items() if not k.startswith('passages.')},
                        tmp / DECODER_WEIGHTS)
-            (tmp / CONFIG_NAME).write_text(json.dumps(self.settings, indent=2))
+            (tmp / CONFIG_NAME).write_text(json.dumps({**self.settings, 'departure': self.departure}, indent=2))
             write_meta(tmp, type(self))
         self.path = Path(path)
 

@@ -10,6 +10,7 @@ from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.jpr.model import JPRModel, PassageEncoder
 from pyterrier_multiquery.jpr.oracle import greedy_answer_cover, gumbel_top_k
 from pyterrier_multiquery.jpr.reranker import index_order
+from pyterrier_multiquery.training.departure import DEPARTURE_GRID, choose_departure
 from pyterrier_multiquery.training.distributed import DataParallel
 
 with requires('dense'):
@@ -298,26 +299,36 @@ def greedy_selections(model: JPRModel, examples: Sequence[JPRExample], k: int, *
 def dev_mrecall(model: JPRModel, examples: Sequence[JPRExample], totals: Sequence[int], k: int, *,
                 independent: bool = False) -> float:
     """Mean of MRecall@(k/2) and MRecall@k of the greedy selections, ``totals`` being each question's answer count."""
+    return float(np.mean(dev_scores(model, examples, totals, k, independent=independent)))
+
+
+def dev_scores(model: JPRModel, examples: Sequence[JPRExample], totals: Sequence[int], k: int, *,
+               independent: bool = False) -> List[float]:
+    """Each question's mean of MRecall@(k/2) and MRecall@k of the greedy selections (see :func:`dev_mrecall`)."""
     scores = []
     for example, total, chosen in zip(examples, totals, greedy_selections(model, examples, k, independent=independent)):
-        for cutoff in (max(1, k // 2), k):
-            covered = set().union(*(example.answers[i] for i in chosen[:cutoff]))
-            scores.append(float(total > 0 and len(covered) >= min(total, cutoff)))
-    return float(np.mean(scores))
+        hits = [total > 0 and len(set().union(*(example.answers[i] for i in chosen[:cutoff]))) >= min(total, cutoff)
+                for cutoff in (max(1, k // 2), k)]
+        scores.append(float(np.mean(hits)))
+    return scores
 
 
 def train_jpr(results: pd.DataFrame, qrels: pd.DataFrame, encoder: Union[str, PassageEncoder], *,
               mode: str = 'dynamic_oracle', prior: bool = True, num_candidates: int = 20, k: int = 10,
               epochs: int = 10, dev_fraction: float = 0.2, train_candidates: Optional[int] = None,
               learning_rate: float = 3e-4, gamma: float = 1.0, batch_size: int = 16, decoder_layers: int = 2,
-              max_length: int = 128, seed: int = 0, verbose: bool = False) -> JPRModel:
+              max_length: int = 128, choose_epoch: bool = True, departure: Union[float, str] = 1., seed: int = 0,
+              verbose: bool = False) -> JPRModel:
     """Trains a JPR model (or, with ``mode='independent'``, an IndepPR one) on a first-stage result frame.
 
     A ``dev_fraction`` of the questions is held out; the model is scored on it (the mean of MRecall@(k/2) and
     MRecall@k of greedy selections) before training and after every epoch, and the returned model is the one of
     the best epoch, the earliest on ties: with a prior, epoch 0 is the first-stage order itself. The returned
     model's ``training_curve`` lists ``{'epoch', 'loss', 'dev'}`` per epoch (epoch 0: untrained, no loss) and
-    its ``best_epoch`` the epoch kept.
+    its ``best_epoch`` the epoch kept. With ``choose_epoch=False`` the last epoch is kept (a schedule fixed in
+    advance) and the held-out questions serve only to choose the departure weight: ``departure='one_se'`` scores
+    each weight of :data:`~pyterrier_multiquery.training.departure.DEPARTURE_GRID` on them and keeps the one
+    :func:`~pyterrier_multiquery.training.departure.choose_departure` picks (``departure_scores`` records the means).
 
     Args:
         results: First-stage results with ``qid``, ``query``, ``docno``, ``text`` and ``score``.
@@ -328,7 +339,7 @@ def train_jpr(results: pd.DataFrame, qrels: pd.DataFrame, encoder: Union[str, Pa
         num_candidates: |B|, candidates per question (the rerankers' ``num_candidates``).
         k: Passages chosen, the longest training prefix.
         epochs: Passes over the training questions.
-        dev_fraction: Fraction of the questions held out to choose the epoch (0: keep the last epoch).
+        dev_fraction: Fraction of the questions held out to choose the epoch or the departure (0: none).
         train_candidates: Candidates per question in one training example (default: a quarter of
             ``num_candidates``, at least 2, as the paper trains).
         learning_rate: AdamW learning rate.
@@ -336,12 +347,17 @@ def train_jpr(results: pd.DataFrame, qrels: pd.DataFrame, encoder: Union[str, Pa
         batch_size: Questions per optimiser step.
         decoder_layers: Transformer decoder layers.
         max_length: Tokens per candidate text (for an encoder given by path).
+        choose_epoch: Whether the held-out questions choose the epoch (else the last one is kept).
+        departure: The model's departure weight, or ``'one_se'`` to choose it on the held-out questions.
         seed: Seed of the split, the initialisation, the sampling and the index order (use the same ``seed`` in
             the rerankers).
         verbose: Whether to show progress.
     """
     if not 0. <= dev_fraction < 1.:
         raise ValueError(f'dev_fraction must lie in [0, 1), got {dev_fraction}')
+    if departure == 'one_se' and (not dev_fraction or not prior):
+        raise ValueError("departure='one_se' chooses the weight on held-out questions of a model with a prior: give "
+                         'dev_fraction > 0 and prior=True')
     examples = jpr_examples(results, qrels, num_candidates=num_candidates, seed=seed)
     totals = {}
     for (qid, _), answers in answer_sets(qrels).items():
@@ -368,13 +384,25 @@ def train_jpr(results: pd.DataFrame, qrels: pd.DataFrame, encoder: Union[str, Pa
     passes = pt.tqdm(range(1, epochs + 1), desc=f'JPR {mode}', unit='epoch') if verbose else range(1, epochs + 1)
     for epoch in passes:
         curve.append({'epoch': epoch, 'loss': trainer.epoch(train), 'dev': score()})
-        if dev and curve[-1]['dev'] > best[0]:
+        if dev and choose_epoch and curve[-1]['dev'] > best[0]:
             best = (curve[-1]['dev'], epoch, copy.deepcopy(model.state_dict()))
         if verbose:
             passes.set_postfix(loss=f'{curve[-1]["loss"]:.4f}', dev=curve[-1]['dev'])
-    if dev:
+    if dev and choose_epoch:
         model.load_state_dict(best[2])
     model.training_curve = curve
-    model.best_epoch = best[1] if dev else epochs
+    model.best_epoch = best[1] if dev and choose_epoch else epochs
+    model.departure_scores = None
+    if departure == 'one_se':
+        totals_dev = [len(totals[q]) for q in dev_qids]
+        scores = {}
+        for weight in DEPARTURE_GRID:
+            model.departure = weight
+            scores[weight] = dev_scores(model, dev, totals_dev, k, independent=mode == 'independent')
+        scores = pd.DataFrame(scores, index=dev_qids)
+        model.departure = choose_departure(scores)
+        model.departure_scores = {str(w): float(v) for w, v in scores.mean().items()}
+    else:
+        model.departure = departure
     return model.eval()
 

@@ -1,0 +1,82 @@
+"""The main job over training seeds: the point each seed's training chose and the spread of the test figures.
+
+    python experiments/seeds.py [--seeds 0 1 2] [--cache-dir DIR]
+
+Runs the main job (``python -m pyterrier_multiquery``, RAMDocs, fixed split) once per seed, each from the same cache
+folder, so that the indexes are built once and each seed trains its own MiniLM-FT, AMER and JPR (a cached model is
+keyed by its seed). The schedule is fixed in advance (no epoch or merge is chosen on data); what a seed's training
+chooses is each refiner's departure weight from its first stage, on a fifth of the training questions. Reports, per
+system, each seed's MRecall@5/@10 and their mean and standard deviation, and per seed the chosen weights. Writes
+``experiments/results/seeds.{md,json,csv,png}``.
+"""
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from pyterrier_multiquery.experiment.evaluation import experiment_parser, write_report
+from pyterrier_multiquery.experiment.main import main as main_job
+
+RESULTS = Path(__file__).parent / 'results'
+MEASURES = ['MRecall@5', 'MRecall@10']
+
+
+def chosen_weights(cache_dir: Path, seed: int) -> dict:
+    """The departure weights the seed's AMER and JPR trainings chose, read from their cache entries."""
+    chosen = {}
+    for kind, record in (('amer', 'training.json'), ('jpr', 'training.json')):
+        for manifest in sorted(cache_dir.glob(f'{kind}-*/manifest.json')):
+            key = json.loads(manifest.read_text())['key']
+            if key['settings'].get('seed') == seed and key['settings'].get('departure') == 'one_se':
+                training = json.loads((manifest.parent / 'artifact' / record).read_text())
+                chosen[kind.upper()] = training['chosen']['departure'] if kind == 'amer' else training['departure']
+    return chosen
+
+
+def figure(runs: pd.DataFrame):
+    """Each system's MRecall@10 per seed (points) and the mean (bar)."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    names = list(dict.fromkeys(runs['system']))
+    means = runs.groupby('system', sort=False)['MRecall@10'].mean()
+    ax.bar(range(len(names)), [means[n] for n in names], color='lightgrey')
+    for i, name in enumerate(names):
+        values = runs.loc[runs['system'] == name, 'MRecall@10']
+        ax.scatter([i] * len(values), values, color='tab:blue', zorder=3, s=12)
+    ax.set_xticks(range(len(names)), names, rotation=30, ha='right', fontsize=8)
+    ax.set_ylim(max(0., runs['MRecall@10'].min() - .05), min(1., runs['MRecall@10'].max() + .02))
+    ax.set_ylabel('MRecall@10 (RAMDocs test split)')
+    ax.set_title('Main job over training seeds (bars: mean; points: seeds)', fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def main():
+    parser = experiment_parser(__doc__.splitlines()[0], RESULTS / 'seeds')
+    parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
+    args = parser.parse_args()
+    frames, weights = [], []
+    for seed in args.seeds:
+        out = args.out.with_name(f'{args.out.name}_seed{seed}.csv')
+        assert main_job(['--data-root', str(args.data_root), '--cache-dir', str(args.cache_dir), '--seed', str(seed),
+                         '--save', str(out)]) == 0
+        table = pd.read_csv(out)
+        out.unlink()
+        frames.append(table[['name'] + MEASURES].rename(columns={'name': 'system'}).assign(seed=seed))
+        weights.append({'seed': seed, **chosen_weights(Path(args.cache_dir), seed)})
+    runs = pd.concat(frames, ignore_index=True)
+    runs['system'] = runs['system'].str.replace(r'\(λ=[0-9.]+\)', '', regex=True)   # MMR's lambda may differ
+    spread = runs.groupby('system', sort=False)[MEASURES].agg(['mean', 'std'])
+    spread.columns = [f'{m} {s}' for m, s in spread.columns]
+    per_seed = runs.pivot(index='system', columns='seed', values='MRecall@10').add_prefix('MRecall@10 seed ')
+    table = spread.join(per_seed).reset_index()
+    write_report(args.out, 'The main job over training seeds', __doc__.split('\n\n', 2)[2],
+                 {'Test figures over seeds (mean, standard deviation)': table,
+                  'Departure weights chosen by each seed': pd.DataFrame(weights)},
+                 extra={'seeds': args.seeds}, figure=figure(runs), csv=True)
+    print(table.to_string(index=False, float_format='%.4f'))
+    print(pd.DataFrame(weights).to_string(index=False))
+
+
+if __name__ == '__main__':
+    main()

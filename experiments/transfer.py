@@ -1,0 +1,199 @@
+"""Trained methods on collections they never saw: train on RAMDocs, on MuSiQue and on both, test everywhere.
+
+    python experiments/transfer.py [--folds 5] [--skip-in-domain]
+
+Collections (from the shared data folder): RAMDocs (500 questions, one to three answers), MuSiQue (100 questions,
+each supporting paragraph its own answer) and SciFact's queries with two or more relevant documents (train and test
+qrels together: 100 queries, each relevant document its own answer; never used for training or tuning). First stage:
+all-MiniLM-L6-v2. Trained systems: MiniLM-FT (MiniLM fine-tuned contrastively on the training questions, the fair
+single-vector baseline), AMER (over MiniLM, lists merged round-robin) and MiniLM >> JPR (top 20 reranked). Every
+model trains on a schedule fixed in advance (the trainers' epochs) on 80 % of its training questions; the other
+20 % choose its departure weight from the first stage by the one-standard-error rule
+(:func:`~pyterrier_multiquery.training.departure.choose_departure`). No weight, epoch or setting is chosen on a
+test fold or a transfer target. Each model is also shown at departure 1 (as trained, ``(λ=1)``).
+
+Out of domain: a model trained on all of a collection's questions, tested on every collection it never saw. In
+domain: 5-fold cross-validation by question (train on four folds, test on the fifth). Each system is compared with
+the first stage and with MiniLM-FT on the same queries: mean difference, 95 % paired-bootstrap interval, p-value.
+The floor: on every collection a model never saw, MRecall@10 at least MiniLM's minus 0.005 and not significantly
+below it (p < 0.05). Writes ``experiments/results/transfer.{md,json,csv,png}``.
+"""
+import copy
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from pyterrier_multiquery.experiment import systems
+from pyterrier_multiquery.experiment.cache import Cache
+from pyterrier_multiquery.experiment.evaluation import (
+    compare,
+    cross_validate,
+    experiment_parser,
+    per_query,
+    write_report,
+)
+from pyterrier_multiquery.loaders import CombinedDataset, load_dataset
+from pyterrier_multiquery.measures import MRecall
+
+RESULTS = Path(__file__).parent / 'results'
+MEASURES = [MRecall @ 5, MRecall @ 10]
+#: How every model trains: a fixed schedule, a fifth of the training questions held out for the departure weight.
+TRAINING = {'dev_fraction': 0.2, 'choose_epoch': False, 'departure': 'one_se'}
+SOURCES = {'RAMDocs': ('ramdocs',), 'MuSiQue': ('musique',), 'RAMDocs+MuSiQue': ('ramdocs', 'musique')}
+TARGETS = {'ramdocs': 'RAMDocs', 'musique': 'MuSiQue', 'scifact': 'SciFact (2+ relevant)'}
+FLOOR = 0.005
+
+
+def multi_relevant(dataset, variants=('train', 'test'), minimum: int = 2):
+    """The queries of ``variants`` with at least ``minimum`` relevant documents, each relevant document an answer."""
+    topics = pd.concat([dataset.get_topics(v) for v in variants]).drop_duplicates('qid')
+    qrels = pd.concat([dataset.get_qrels(v) for v in variants])
+    qrels = qrels[qrels['label'] > 0].drop_duplicates(['qid', 'docno'])
+    qrels = qrels[qrels.groupby('qid')['docno'].transform('size') >= minimum].copy()
+    qrels['iteration'] = qrels.groupby('qid').cumcount().add(1).astype(str)
+    return topics[topics['qid'].isin(set(qrels['qid']))].reset_index(drop=True), qrels.reset_index(drop=True)
+
+
+class Collection:
+    """A test collection: its dataset, its first stage and the questions it is scored on."""
+
+    def __init__(self, dataset, cache: Cache, topics=None, qrels=None):
+        self.dataset = dataset
+        self.first_stage = systems.DenseFirstStage(dataset, cache, verbose=False)
+        self.topics = dataset.get_topics() if topics is None else topics
+        self.qrels = dataset.get_qrels() if qrels is None else qrels
+
+
+def trained_systems(collection: Collection, train: Collection, topics, qrels, args) -> dict:
+    """MiniLM, and MiniLM-FT, AMER and MiniLM >> JPR trained on ``topics``/``qrels`` of ``train``, on ``collection``."""
+    from pyterrier_multiquery.amer import AMERModel
+    from pyterrier_multiquery.jpr import JPRModel
+    settings = dict(seed=args.seed, threads=args.threads)
+    fine_tuned = systems.train_single_vector(train.first_stage, topics, qrels, **settings)
+    amer = AMERModel.from_pretrained(systems.train_amer(train.first_stage, topics, qrels, merges=('round_robin',),
+                                                        **TRAINING, **settings))
+    jpr = JPRModel.from_pretrained(systems.train_jpr(train.first_stage, train.dataset, topics, qrels, **TRAINING,
+                                                     **settings))
+    stage = collection.first_stage
+    states = stage.cache_dir / 'jpr_candidate_states'
+    built = {'MiniLM': stage.retriever(), 'MiniLM-FT': systems.single_vector(stage, fine_tuned)}
+    for name, model, system in (('AMER', amer, lambda m: systems.amer(stage, m)),
+                                ('MiniLM >> JPR', jpr, lambda m: systems.jpr(stage.retriever(), collection.dataset, m,
+                                                                             seed=args.seed, state_cache=states,
+                                                                             verbose=False))):
+        built[f'{name} (λ={model.departure:g})'] = system(model)
+        if model.departure != 1.:
+            as_trained = copy.deepcopy(model)
+            as_trained.departure = 1.
+            built[f'{name} (λ=1)'] = system(as_trained)
+    return built
+
+
+def tests_against(scores: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """Mean difference, interval and p-value of every system against ``baseline``, one row per system and measure."""
+    _, tests = compare(scores, baseline)
+    return tests[['system', 'measure', 'mean_diff', 'ci_low', 'ci_high', 'p_value']]
+
+
+def table_rows(scores: pd.DataFrame, source: str, target: str, in_domain: bool) -> pd.DataFrame:
+    """The report's rows for one (training source, test collection) pair."""
+    means = scores.groupby(['system', 'measure'])['value'].mean().unstack()
+    rows = []
+    first_stage = tests_against(scores, 'MiniLM').set_index(['system', 'measure'])
+    fine_tuned = tests_against(scores, 'MiniLM-FT').set_index(['system', 'measure'])
+    for system in dict.fromkeys(scores['system']):
+        row = {'trained on': source, 'tested on': target, 'in domain': in_domain, 'system': system}
+        for measure in (str(m) for m in MEASURES):
+            row[measure] = means.loc[system, measure]
+            if system != 'MiniLM':
+                test = first_stage.loc[(system, measure)]
+                row[f'{measure} Δ vs MiniLM'] = test['mean_diff']
+                row[f'{measure} 95% CI'] = f'[{test["ci_low"]:+.3f}, {test["ci_high"]:+.3f}]'
+                row[f'{measure} p vs MiniLM'] = test['p_value']
+            if system not in ('MiniLM', 'MiniLM-FT'):
+                row[f'{measure} p vs MiniLM-FT'] = fine_tuned.loc[(system, measure), 'p_value']
+        if not in_domain and system != 'MiniLM':
+            delta, p = row['MRecall@10 Δ vs MiniLM'], row['MRecall@10 p vs MiniLM']
+            row['floor held'] = bool(delta >= -FLOOR and not (delta < 0 and p < 0.05))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def figure(table: pd.DataFrame):
+    """ΔMRecall@10 against MiniLM with its interval, one panel per test collection."""
+    import matplotlib.pyplot as plt
+    targets = list(dict.fromkeys(table['tested on']))
+    fig, axes = plt.subplots(1, len(targets), figsize=(4.8 * len(targets), 3.8), squeeze=False, sharey=True)
+    for ax, target in zip(axes[0], targets):
+        part = table[(table['tested on'] == target) & (table['system'] != 'MiniLM')].reset_index(drop=True)
+        low = part['MRecall@10 95% CI'].str.strip('[]').str.split(', ').str[0].astype(float)
+        high = part['MRecall@10 95% CI'].str.strip('[]').str.split(', ').str[1].astype(float)
+        delta = part['MRecall@10 Δ vs MiniLM']
+        colours = ['tab:blue' if d else 'tab:orange' for d in part['in domain']]
+        ax.errorbar(delta, range(len(part)), xerr=[delta - low, high - delta], fmt='none', ecolor='grey')
+        ax.scatter(delta, range(len(part)), c=colours, zorder=3)
+        ax.set_yticks(range(len(part)), [f'{s} ← {t}' for s, t in zip(part['system'], part['trained on'])],
+                      fontsize=7)
+        ax.axvline(0, color='black', lw=.8)
+        ax.axvline(-FLOOR, color='red', lw=.8, ls='--')
+        ax.set_title(f'tested on {target}', fontsize=10)
+        ax.set_xlabel('ΔMRecall@10 vs MiniLM (95% CI)')
+    fig.suptitle('Trained methods against their first stage (blue: in domain, 5-fold CV; orange: never seen)',
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def main():
+    parser = experiment_parser(__doc__.splitlines()[0], RESULTS / 'transfer')
+    parser.add_argument('--folds', type=int, default=5, help='in-domain cross-validation folds (default: 5)')
+    parser.add_argument('--skip-in-domain', action='store_true', help='only the collections a model never saw')
+    parser.add_argument('--threads', type=int, default=2, help='torch threads (default: 2)')
+    args = parser.parse_args()
+    from pyterrier_multiquery.experiment.determinism import make_deterministic
+    make_deterministic(args.seed, args.threads)
+    start = time.perf_counter()
+    cache = Cache(args.cache_dir)
+    loaded = {name: load_dataset(args.data_root / name) for name in TARGETS}
+    collections = {'ramdocs': Collection(loaded['ramdocs'], cache), 'musique': Collection(loaded['musique'], cache),
+                   'scifact': Collection(loaded['scifact'], cache, *multi_relevant(loaded['scifact']))}
+    tables, scores = [], []
+    for source, members in SOURCES.items():   # trained on every question of the source
+        train = collections[members[0]] if len(members) == 1 else Collection(
+            CombinedDataset([loaded[m] for m in members]), cache)
+        topics, qrels = train.dataset.get_topics(), train.dataset.get_qrels()
+        for key, collection in collections.items():
+            if key in members:
+                continue
+            target = TARGETS[key]
+            runs = {name: system(collection.topics) for name, system in
+                    trained_systems(collection, train, topics, qrels, args).items()}
+            pair = per_query(runs, collection.qrels, MEASURES).assign(**{'trained on': source, 'tested on': target})
+            scores.append(pair)
+            tables.append(table_rows(pair, source, target, in_domain=False))
+            print(tables[-1].to_string(), flush=True)
+    if not args.skip_in_domain:
+        for key in ('ramdocs', 'musique'):
+            collection, source = collections[key], TARGETS[key]
+
+            def fold_systems(fold, train_topics, train_qrels, collection=collection):
+                return trained_systems(collection, collection, train_topics, train_qrels, args)
+
+            runs = cross_validate(collection.topics, collection.qrels, fold_systems, folds=args.folds,
+                                  seed=args.seed).runs
+            pair = per_query(runs, collection.qrels, MEASURES).assign(**{'trained on': source, 'tested on': source})
+            scores.append(pair)
+            tables.append(table_rows(pair, f'{source} ({args.folds}-fold CV)', source, in_domain=True))
+            print(tables[-1].to_string(), flush=True)
+    table = pd.concat(tables, ignore_index=True)
+    write_report(args.out, 'Trained methods on collections they never saw', __doc__.split('\n\n', 2)[2],
+                 {'MRecall against the first stage and the fine-tuned single vector': table},
+                 extra={'seconds': time.perf_counter() - start, 'training': TRAINING, 'seed': args.seed},
+                 figure=figure(table), csv=True)
+    pd.concat(scores, ignore_index=True).to_csv(args.out.with_name(args.out.name + '_perquery.csv'), index=False)
+    print(f'wrote {args.out}.md ({time.perf_counter() - start:.0f}s)')
+
+
+if __name__ == '__main__':
+    main()
