@@ -76,7 +76,7 @@ class MaxSimRetriever(pt.Transformer):
             quantizer: FAISS storage of the ANN stage: ``Flat`` (float32), ``SQ8``, ``SQ4``, ``SQfp16`` or
                 ``PQ<m>``; None for the kind's default (``SQ8`` for ivf, ``Flat`` for flat and hnsw).
             candidates: Stored vectors fetched per query vector by the ANN stage (raise it with the collection's
-                size: see the README's measurements).
+                size: see docs/index.md's measurements).
             search_effort: IVF lists probed (``nprobe``) or HNSW ``efSearch``.
             device: torch device for scoring (default: CUDA if available, else CPU).
             batch_size: Queries scored together.
