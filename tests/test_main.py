@@ -139,6 +139,17 @@ def test_main_job_trains_on_another_collection_when_asked(small_ramdocs, tmp_pat
     assert {'AMER', 'MiniLM >> JPR', 'AMER >> JPR'} <= set(pd.read_csv(out)['name'])
 
 
+def test_main_job_trains_on_several_collections_together(small_ramdocs, tmp_path, capsys):
+    other = tmp_path / 'RAMDocs_other.jsonl'
+    other.write_text(small_ramdocs.read_text(encoding='utf-8'), encoding='utf-8')
+    assert main(['--dataset', str(small_ramdocs), '--train-dataset', str(small_ramdocs), str(other),
+                 '--no-train', '--cache-dir', str(tmp_path / 'cache')]) == 0
+    printed = capsys.readouterr().out
+    # each collection's fixed training split (8 of 14 questions with answers), together
+    assert f'training on: {small_ramdocs} + {other} (16 queries)' in printed
+    assert 'MMR lambda' in printed and 'chosen on the training split' in printed
+
+
 def test_main_job_loads_minilm_once(tmp_path, monkeypatch):
     """With trained AMER and JPR models given, MiniLM's weights are read once: the first stage serves every system."""
     from pathlib import Path

