@@ -1,7 +1,8 @@
 """The index searched by Ray actors, each holding some of its shards memory-mapped, and a sharded index built by Ray
 tasks, one shard each (the ``ray`` extra). See docs/distributed.md."""
+import fcntl
 import os
-from pathlib import Path
+import time
 from typing import Callable, List, Optional
 
 import numpy as np
@@ -61,10 +62,15 @@ class ShardActor:
     def _crash_if_asked(self) -> None:
         if self.fault_file is None or not os.path.exists(self.fault_file):
             return
-        count = int(Path(self.fault_file).read_text())
-        if count > 0:
-            Path(self.fault_file).write_text(str(count - 1))
-            os._exit(1)
+        with open(self.fault_file, 'r+') as counter:
+            fcntl.flock(counter, fcntl.LOCK_EX)  # one actor at a time
+            count = int(counter.read() or 0)
+            if count <= 0:
+                return
+            counter.seek(0)
+            counter.write(str(count - 1))
+            counter.truncate()
+        os._exit(1)
 
 
 class RayIndex:
@@ -180,13 +186,32 @@ class RayIndex:
                 results[a] = ray.get(done)
             except ray.exceptions.RayActorError as e:
                 if attempts[a] > self.retries:
-                    shards = ', '.join(f'{i} ({str(self.shard_paths[i])!r})' for i in self.groups[a])
                     raise ShardUnavailableError(
-                        f'the Ray actor holding shard {shards} died {attempts[a]} times during one {method} call '
-                        f'(retries={self.retries}); no results are returned: {e}') from e
+                        f'the Ray actor holding shard {self._shards_of(a)} died {attempts[a]} times during one '
+                        f'{method} call (retries={self.retries}); no results are returned: {e}') from e
+                self._await_restart(a)
                 attempts[a] += 1
                 pending[submit(a)] = a
         return [result for group in results for result in group]
+
+    def _await_restart(self, a: int, timeout: float = 300) -> None:
+        """Waits until Ray has restarted actor ``a`` (its process started again and its shards opened)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                ray.get(self.actors[a].ready.remote())
+                return
+            except ray.exceptions.ActorUnavailableError as e:  # restarting
+                if time.monotonic() > deadline:
+                    raise ShardUnavailableError(f'the Ray actor holding shard {self._shards_of(a)} did not restart '
+                                                f'within {timeout:.0f} s: {e}') from e
+                time.sleep(0.1)
+            except ray.exceptions.RayActorError as e:  # ended for good
+                raise ShardUnavailableError(f'the Ray actor holding shard {self._shards_of(a)} cannot be restarted: '
+                                            f'{e}') from e
+
+    def _shards_of(self, a: int) -> str:
+        return ', '.join(f'{i} ({str(self.shard_paths[i])!r})' for i in self.groups[a])
 
     def close(self) -> None:
         """Ends the actors (the index cannot search afterwards)."""

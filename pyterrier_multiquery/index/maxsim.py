@@ -265,7 +265,7 @@ def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_re
         For each batch of ``batch_size`` queries, ``(scores, docids)``: each query's top ``num_results`` (or all the
         documents, if fewer) in a row, by score, ties by docid.
     """
-    batches = [[torch.from_numpy(q).to(device) for q in queries[start:start + batch_size]]
+    batches = [[aligned(q).to(device) for q in queries[start:start + batch_size]]
                for start in range(0, len(queries), batch_size)]
     best = [(torch.empty((len(batch), 0), device=device),
              torch.empty((len(batch), 0), dtype=torch.long, device=device)) for batch in batches]

@@ -10,11 +10,7 @@ from typing import List, Optional
 import numpy as np
 import pyterrier as pt
 
-from pyterrier_multiquery._extras import requires
-from pyterrier_multiquery.index.maxsim import exact_top, rescore_candidates, score_documents
-
-with requires('dense'):
-    import torch
+from pyterrier_multiquery.index.maxsim import aligned, exact_top, rescore_candidates, score_documents
 
 
 class ShardSearcher:
@@ -94,7 +90,7 @@ class ShardSearcher:
             held = docids >= 0
             scores = np.zeros(int(held.sum()), dtype=np.float32)  # left as they are for a malformed query
             if query is not None and held.any():
-                scores = score_documents(torch.from_numpy(query).to(device), docids[held], vectors, offsets, aggregate)
+                scores = score_documents(aligned(query).to(device), docids[held], vectors, offsets, aggregate)
             out.append((held, scores))
         return out
 
