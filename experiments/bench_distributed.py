@@ -19,13 +19,14 @@ Searches, on the 4-shard index built by 4 tasks, returning 1000 documents per qu
 - one process: ``index.maxsim_retriever(...)`` in this process, on all the machine's cores.
 - Ray, N actors: ``index.ray(num_actors=N).maxsim_retriever(...)``; the 4 shards in N groups. With 1 actor, the
   actor uses all the cores (as one process does: this row gives Ray's overhead); with 2 and 4, one thread each.
-Two retrievers: exact MaxSim, and approximate MaxSim (IVF with 8-bit codes, the default, 256 candidates per query
-vector, 32 lists probed). Every system is run once to warm up, then ``--repeats`` rounds each run every system once
-(interleaved, so drift in the machine's load touches all alike); medians reported. Latency = the median seconds
-of a 100-query batch; QPS = queries / latency. Ray overhead = (1 actor latency - one process latency) / one
-process latency. Identical: the Ray ranking and scores equal to the one-process run's with the same thread count,
-bit for bit. Memory per actor: the actor process's resident memory after the runs (VmRSS, which counts the pages
-of the memory-mapped shards it read, shared with the page cache) and its anonymous part (RssAnon: its own heap).
+Two retrievers: exact MaxSim, and approximate MaxSim (IVF with 8-bit codes, the default, ``--candidates`` per
+query vector, 32 lists probed). Every system is run once to warm up, then ``--repeats`` rounds each run every
+system once (interleaved, so drift in the machine's load touches all alike); medians reported. Latency = the
+median seconds of a 100-query batch; QPS = queries / latency. Ray overhead = (1 actor latency - one process
+latency) / one process latency. Identical: the Ray ranking and scores equal to the one-process run's with the same
+thread count, bit for bit. Memory per actor: the actor process's resident memory after the runs (VmRSS, which
+counts the pages of the memory-mapped shards it read, shared with the page cache) and its anonymous part (RssAnon:
+its own heap).
 
 Projection to 4, 16 and 64 nodes (the per-node figures measured here, the rest assumed as written in the report):
 a batch costs fan-out (submitting N calls and collecting N results: the measured round trip of an empty call to
@@ -123,10 +124,10 @@ def build(args, work: Path) -> tuple:
     return pd.DataFrame(rows), index
 
 
-def retriever(target, kind: str, threads: int):
+def retriever(target, kind: str, threads: int, candidates: int):
     settings = {'num_results': NUM_RESULTS, 'threads': threads}
     if kind == 'approximate':
-        settings.update(exact=False, ann='ivf', candidates=256, search_effort=32)
+        settings.update(exact=False, ann='ivf', candidates=candidates, search_effort=32)
     return target.maxsim_retriever(**settings)
 
 
@@ -180,15 +181,21 @@ def search(args, index) -> tuple:
     for n in args.actors:
         systems[(f'Ray, {n} actor{"s" if n > 1 else ""}', n)] = ray_indexes[n]
     rows, identical = [], {}
-    for kind in ('exact', 'approximate'):
+    for kind in args.retrievers:
         runs = {}
         for (name, n), ray_index in systems.items():
             threads = cores if n <= 1 else 1
-            runs[name] = (retriever(ray_index or index, kind, threads), threads)
-        outputs = {name: r(queries) for name, (r, _) in runs.items()}  # warm-up (the approximate: FAISS loads)
+            runs[name] = (retriever(ray_index or index, kind, threads, args.candidates), threads)
+        outputs = {}
+        for name, (r, _) in runs.items():  # warm-up (the approximate: FAISS builds or loads)
+            start = time.perf_counter()
+            outputs[name] = r(queries)
+            print(kind, 'warm-up', name, round(time.perf_counter() - start, 1), flush=True)
+        references = {cores: outputs['one process']}
         for name, (_, threads) in runs.items():  # against one process with the same thread count
-            reference = outputs['one process'] if threads == cores else retriever(index, kind, threads)(queries)
-            identical[(kind, name)] = '' if name == 'one process' else same_run(outputs[name], reference)
+            if threads not in references:
+                references[threads] = retriever(index, kind, threads, args.candidates)(queries)
+            identical[(kind, name)] = '' if name == 'one process' else same_run(outputs[name], references[threads])
         seconds = {name: [] for name in runs}
         for round_ in range(args.repeats):
             for name, (r, _) in runs.items():
@@ -218,7 +225,7 @@ def projection(args, table: pd.DataFrame, fan_out: dict) -> pd.DataFrame:
     actors = sorted(fan_out)
     slope = np.polyfit(actors, [fan_out[n] for n in actors], 1)[0] if len(actors) > 1 else 0.
     rows = []
-    for kind in ('exact', 'approximate'):
+    for kind in table['retriever'].unique():
         one = table[(table['retriever'] == kind) & (table['actors'] == 1)].iloc[0]
         compute = one['latency s'] - fan_out[1]  # one actor, all the corpus, all the cores of a node
         for nodes in (4, 16, 64):
@@ -238,7 +245,7 @@ def plot(table: pd.DataFrame, projected: pd.DataFrame):
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for kind, marker in (('exact', 'o'), ('approximate', 's')):
+    for kind, marker in [(k, m) for k, m in (('exact', 'o'), ('approximate', 's')) if k in set(table['retriever'])]:
         rows = table[(table['retriever'] == kind) & (table['actors'] > 0)]
         line = left.plot(rows['actors'], rows['QPS'], marker=marker, label=f'{kind}, Ray')[0]
         one = table[(table['retriever'] == kind) & (table['actors'] == 0)]['QPS'].iloc[0]
@@ -278,6 +285,8 @@ def main():
     parser.add_argument('--repeats', type=int, default=5, help='interleaved timing rounds')
     parser.add_argument('--actors', type=int, nargs='+', default=[1, 2, 4])
     parser.add_argument('--build-tasks', type=int, nargs='+', default=[1, 2, 4])
+    parser.add_argument('--retrievers', nargs='+', choices=('exact', 'approximate'), default=['exact', 'approximate'])
+    parser.add_argument('--candidates', type=int, default=256, help='candidates per query vector (approximate)')
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--work', type=Path, help='folder for the indexes (default: a temporary one, removed)')
     parser.add_argument('--out', type=Path, default=ROOT / 'experiments' / 'results' / 'bench_distributed')
