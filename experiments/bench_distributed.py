@@ -16,9 +16,10 @@ drawing and writing its part (1 task: one shard; 2: two; 4: four), each task res
 One build each (a build takes minutes; the numbers are single runs).
 
 Searches, on the 4-shard index built by 4 tasks, returning 1000 documents per query:
-- one process: ``index.maxsim_retriever(...)`` in this process, on all the machine's cores.
+- one process: ``index.maxsim_retriever(...)`` in this process, on ``--threads`` threads (default: all cores).
 - Ray, N actors: ``index.ray(num_actors=N).maxsim_retriever(...)``; the 4 shards in N groups. With 1 actor, the
-  actor uses all the cores (as one process does: this row gives Ray's overhead); with 2 and 4, one thread each.
+  actor uses ``--threads`` threads (as the one process does: this row gives Ray's overhead); with 2 and 4, one
+  thread each.
 Two retrievers: exact MaxSim, and approximate MaxSim (IVF with 8-bit codes, the default, ``--candidates`` per
 query vector, 32 lists probed). Every system is run once to warm up, then ``--repeats`` rounds each run every
 system once (interleaved, so drift in the machine's load touches all alike); medians reported. Latency = the
@@ -184,14 +185,14 @@ def search(args, index) -> tuple:
     for kind in args.retrievers:
         runs = {}
         for (name, n), ray_index in systems.items():
-            threads = cores if n <= 1 else 1
+            threads = args.threads if n <= 1 else 1
             runs[name] = (retriever(ray_index or index, kind, threads, args.candidates), threads)
         outputs = {}
         for name, (r, _) in runs.items():  # warm-up (the approximate: FAISS builds or loads)
             start = time.perf_counter()
             outputs[name] = r(queries)
             print(kind, 'warm-up', name, round(time.perf_counter() - start, 1), flush=True)
-        references = {cores: outputs['one process']}
+        references = {args.threads: outputs['one process']}
         for name, (_, threads) in runs.items():  # against one process with the same thread count
             if threads not in references:
                 references[threads] = retriever(index, kind, threads, args.candidates)(queries)
@@ -287,6 +288,8 @@ def main():
     parser.add_argument('--build-tasks', type=int, nargs='+', default=[1, 2, 4])
     parser.add_argument('--retrievers', nargs='+', choices=('exact', 'approximate'), default=['exact', 'approximate'])
     parser.add_argument('--candidates', type=int, default=256, help='candidates per query vector (approximate)')
+    parser.add_argument('--threads', type=int, default=os.cpu_count(),
+                        help='threads of the one process and of the single actor (2 and 4 actors: one each)')
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--work', type=Path, help='folder for the indexes (default: a temporary one, removed)')
     parser.add_argument('--out', type=Path, default=ROOT / 'experiments' / 'results' / 'bench_distributed')
