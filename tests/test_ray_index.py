@@ -203,3 +203,14 @@ def test_the_index_never_imports_ray(tmp_path):
                             cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == 'False'
+
+
+def test_an_actor_refuses_a_shard_copy_that_is_not_the_indexed_one(ray, tmp_path):
+    from pyterrier_multiquery.index import CorruptIndexError
+    from pyterrier_multiquery.index.distributed import ShardActor
+    shard = MultiVectorIndex(tmp_path / 'shard', verbose=False).index(list(documents(0, 5)))
+    build_id = shard.payload()[0]['build_id']
+    assert len(ShardActor([(MultiVectorIndex, str(shard.path), build_id, 10)]).searchers) == 1
+    with pytest.raises(CorruptIndexError, match=r"shard '.*shard' on the node .* is not the shard the sharded index "
+                                                r"was built with \(its build id differs\): copy it again"):
+        ShardActor([(MultiVectorIndex, str(shard.path), 'another build', 10)])
