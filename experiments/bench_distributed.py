@@ -25,9 +25,9 @@ query vector, 32 lists probed). Every system is run once to warm up, then ``--re
 system once (interleaved, so drift in the machine's load touches all alike); medians reported. Latency = the
 median seconds of a 100-query batch; QPS = queries / latency. Ray overhead = (1 actor latency - one process
 latency) / one process latency. Identical: the Ray ranking and scores equal to the one-process run's with the same
-thread count, bit for bit. Memory per actor: the actor process's resident memory after the runs (VmRSS, which
-counts the pages of the memory-mapped shards it read, shared with the page cache) and its anonymous part (RssAnon:
-its own heap).
+thread count, bit for bit. Memory per actor (not given for the one process, which also drew the whole corpus for
+its build): the actor process's resident memory after the runs (VmRSS, which counts the pages of the memory-mapped
+shards it read, shared with the page cache) and its anonymous part (RssAnon: its own heap).
 
 Projection to 4, 16 and 64 nodes (the per-node figures measured here, the rest assumed as written in the report):
 a batch costs fan-out (submitting N calls and collecting N results: the measured round trip of an empty call to
@@ -207,8 +207,9 @@ def search(args, index) -> tuple:
         base = statistics.median(seconds['one process'])
         for (name, n), ray_index in systems.items():
             latency = statistics.median(seconds[name])
+            # this process also drew the whole corpus for the one-process build: its memory is not the index's
             rss, anon = (np.mean([memory(pid)[i] for pid in ray_index.pids]) for i in (0, 1)) if ray_index else \
-                memory(os.getpid())
+                (float('nan'), float('nan'))
             rows.append({'retriever': kind, 'system': name, 'actors': n, 'threads per actor': runs[name][1] if n else
                          '', 'latency s': latency, 'min s': min(seconds[name]), 'max s': max(seconds[name]),
                          'QPS': args.queries / latency, 'x one process': base / latency,
@@ -255,9 +256,10 @@ def plot(table: pd.DataFrame, projected: pd.DataFrame):
             rows = projected[(projected['retriever'] == kind) & (projected['scaling'] == scaling)]
             right.plot(rows['nodes'], rows['QPS'], marker=marker, linestyle=style, color=line.get_color(),
                        label=f'{kind}, {scaling}')
-    left.set(xlabel='Ray actors (2 cores: 4 actors are oversubscribed)', ylabel='queries per second',
+    left.set(xlabel='Ray actors (2 cores: 4 actors are oversubscribed)', ylabel='queries per second', yscale='log',
              xticks=sorted(table['actors'][table['actors'] > 0].unique()), title='Measured, 100-query batches')
-    right.set(xlabel='nodes', ylabel='queries per second', xscale='log', yscale='log', xticks=[4, 16, 64],
+    right.set_xscale('log', base=2)
+    right.set(xlabel='nodes', ylabel='queries per second', yscale='log', xticks=[4, 16, 64],
               xticklabels=['4', '16', '64'], title='Projected')
     left.legend(fontsize=7)
     right.legend(fontsize=7)
