@@ -191,6 +191,8 @@ def test_corrupt_faiss_file_is_named(collection, tmp_path):
     copy.maxsim_retriever(exact=False, ann='flat')(topics_frame([np.ones((1, 16))]))
     ann_file = tmp_path / 'copy' / 'ann.Flat.faiss'
     ann_file.write_bytes(b'not a faiss index')
+    # the index object keeps the FAISS index it loaded; another one reads the file again
+    copy = MultiVectorIndex(tmp_path / 'copy', verbose=False)
     with pytest.raises(CorruptIndexError, match='ann.Flat.faiss.*cannot be read'):
         copy.maxsim_retriever(exact=False, ann='flat')(topics_frame([np.ones((1, 16))]))
 

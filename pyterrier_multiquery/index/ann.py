@@ -2,7 +2,7 @@
 import math
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 import pyterrier as pt
@@ -100,54 +100,55 @@ def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, 
 
 
 class CandidateStage:
-    """The candidate stage of approximate MaxSim over the shards of an index: one FAISS index per shard, searched
-    for every query vector, the shards' hits merged by FAISS score.
+    """The candidate stage of approximate MaxSim over one index or shard: its FAISS index, searched for every query
+    vector; :func:`merge_hits` merges the hits of several shards."""
 
-    With one shard the hits are FAISS's. With several, each shard gives its ``k`` nearest stored vectors and the
-    ``k`` best of them all are kept: the nearest vectors of the whole collection when the search is exhaustive
-    (``flat``, or IVF probing every list), an approximation of them otherwise (each shard has its own lists or
-    graph).
-    """
-
-    def __init__(self, shards, kind: str, quantizer: Optional[str], search_effort: int, device: str, *,
+    def __init__(self, shard, kind: str, quantizer: Optional[str], search_effort: int, device: str, *, first: int = 0,
                  verbose: bool = False):
         """
         Args:
-            shards: The :class:`MultiVectorIndex` shards, in document order.
+            shard: The :class:`MultiVectorIndex`.
             kind: FAISS index kind (as :func:`faiss_factory`).
             quantizer: FAISS storage (as :func:`faiss_factory`).
             search_effort: IVF lists probed or HNSW ``efSearch``.
             device: Where FAISS searches (a GPU with faiss-gpu, else the CPU).
+            first: The docid of the shard's first document in its sharded index.
             verbose: Whether to show progress when a FAISS index is built.
         """
-        self.parts = []
-        first = 0
-        for shard in shards:
-            meta, _, offsets, _ = shard.payload()
-            ann = to_device(load_or_build(shard, kind, quantizer, verbose=verbose), device)
-            set_search_effort(ann, kind, search_effort)
-            self.parts.append((ann, offsets, first))
-            first += meta['doc_count']
+        self.offsets = shard.payload()[2]
+        self.first = first
+        self.ann = to_device(load_or_build(shard, kind, quantizer, verbose=verbose), device)
+        set_search_effort(self.ann, kind, search_effort)
 
-    def search(self, vectors: np.ndarray, k: int) -> np.ndarray:
-        """The documents of each vector's ``k`` nearest stored vectors.
+    def search(self, vectors: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+        """The ``k`` nearest stored vectors of each vector: their FAISS scores and documents.
 
         Args:
             vectors: ``(n, dim)`` float32 query vectors.
             k: Stored vectors found per query vector.
 
         Returns:
-            ``(n, k)`` document ids (over all shards, in order), -1 where fewer than ``k`` vectors were found.
+            ``(n, k)`` scores (-inf where fewer than ``k`` vectors were found) and docids (``first`` on; -1 there).
         """
-        scores, docids = [], []
-        for ann, offsets, first in self.parts:
-            found, hits = ann.search(vectors, k)
-            scores.append(np.where(hits >= 0, found, -np.inf))
-            docids.append(np.where(hits >= 0, np.searchsorted(offsets, hits, side='right') - 1 + first, -1))
-        if len(self.parts) == 1:
-            return docids[0]
-        best = np.argsort(-np.concatenate(scores, axis=1), axis=1, kind='stable')[:, :k]
-        return np.take_along_axis(np.concatenate(docids, axis=1), best, axis=1)
+        found, hits = self.ann.search(vectors, k)
+        return (np.where(hits >= 0, found, -np.inf).astype(np.float32),
+                np.where(hits >= 0, np.searchsorted(self.offsets, hits, side='right') - 1 + self.first, -1))
+
+
+def merge_hits(parts, k: int) -> Tuple[np.ndarray, np.ndarray]:
+    """The hits of several shards' candidate stages (in document order) merged: each vector's ``k`` best by FAISS
+    score, ties by shard order.
+
+    With one shard the hits are FAISS's. With several they are the nearest vectors of the whole collection when the
+    search is exhaustive (``flat``, or IVF probing every list), an approximation of them otherwise (each shard has
+    its own lists or graph).
+    """
+    if len(parts) == 1:
+        return parts[0]
+    scores = np.concatenate([scores for scores, _ in parts], axis=1)
+    best = np.argsort(-scores, axis=1, kind='stable')[:, :k]
+    return (np.take_along_axis(scores, best, axis=1),
+            np.take_along_axis(np.concatenate([docids for _, docids in parts], axis=1), best, axis=1))
 
 
 def to_device(ann, device: str):

@@ -5,7 +5,7 @@ import uuid
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterable, List, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import more_itertools
 import numpy as np
@@ -51,6 +51,21 @@ class SearchableIndex:
         :class:`~.multiquery.MultiQueryRetriever`)."""
         from pyterrier_multiquery.index.multiquery import MultiQueryRetriever
         return MultiQueryRetriever(self, merge=merge, **kwargs)
+
+    def searchers(self):
+        """The shards' searchers in this process (:class:`~.shardwise.LocalShards`), kept while the index is
+        unchanged: every retriever searches through them."""
+        from pyterrier_multiquery.index.shardwise import LocalShards
+        meta = self.payload()[0]
+        if getattr(self, '_searchers', None) is None or self._searchers.meta is not meta:
+            self._searchers = LocalShards(self)
+        return self._searchers
+
+    def ray(self, num_actors: Optional[int] = None, *, address: Optional[str] = None, **kwargs):
+        """This index searched by Ray actors, each holding some of its shards (arguments as
+        :class:`~.distributed.RayIndex`; needs the ``ray`` extra). See docs/distributed.md."""
+        from pyterrier_multiquery.index.distributed import RayIndex
+        return RayIndex(self, num_actors=num_actors, address=address, **kwargs)
 
     def bytes_per_vector(self) -> int:
         """Bytes that one stored vector takes on disk."""

@@ -108,102 +108,53 @@ class MaxSimRetriever(pt.Transformer):
         self.threads = check_threads(threads)
         self.drop_query_embs = drop_query_embs
         self.verbose = verbose
-        self._stage = None
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Retrieves for each query row (``qid``, ``query_embs``)."""
         pt.validate.query_frame(inp, extra_columns=['query_embs'])
         check_unique_qids(inp)
-        meta, vectors, offsets, docnos = self.index.payload()
-        queries = [query_embs(embs, meta['dim'], qid) for qid, embs in zip(inp['qid'], inp['query_embs'])]
+        shards = self.index.searchers()
+        queries = [query_embs(embs, shards.meta['dim'], qid) for qid, embs in zip(inp['qid'], inp['query_embs'])]
         columns = [c for c in inp.columns if not (self.drop_query_embs and c == 'query_embs')]
         results = []
         if queries:
             with cpu_threads(self.threads, with_faiss=not self.exact):
                 search = self._search_exact if self.exact else self._search_approximate
-                results = search(queries, meta, vectors, offsets)
-        return result_frame(inp[columns], results, docnos)
+                results = search(queries, shards)
+        return result_frame(inp[columns], results, shards.docnos)
 
-    def _search_exact(self, queries, meta, vectors, offsets) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        batches = [[torch.from_numpy(q).to(self.device) for q in queries[start:start + self.batch_size]]
-                   for start in range(0, len(queries), self.batch_size)]
-        best = [(torch.empty((len(batch), 0), device=self.device),
-                 torch.empty((len(batch), 0), dtype=torch.long, device=self.device)) for batch in batches]
-        tile_vectors = [max(1, self.tile_bytes // (4 * (sum(len(q) for q in batch) + meta['dim'])))
-                        for batch in batches]  # a tile's float32 vectors and its similarities
-        blocks = document_blocks(offsets, self.block_vectors)
-        if self.verbose:
-            blocks = pt.tqdm(blocks, desc=repr(self), unit='block')
-        for first, last in blocks:
-            block_offsets = offsets[first:last + 1] - offsets[first]
-            block = torch.from_numpy(np.require(vectors[offsets[first]:offsets[last]], requirements=['C', 'W']))
-            block = block.to(self.device)  # the stored dtype: a float16 block is converted a tile at a time
-            lengths = torch.from_numpy(np.diff(block_offsets)).to(self.device)
-            for i, batch in enumerate(batches):
-                scores = torch.cat([
-                    maxsim_scores(batch, block[block_offsets[a]:block_offsets[b]].float(), lengths[a:b], self.aggregate)
-                    for a, b in document_blocks(block_offsets, tile_vectors[i])], dim=1)
-                best[i] = keep_best(*best[i], scores, first, self.num_results)
-        return [(scores.cpu().numpy(), docids.cpu().numpy(), np.full(len(scores), scores.shape[1]))
-                for scores, docids in best]
+    def _search_exact(self, queries, shards) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Every shard's top documents for each batch of queries, merged batch by batch."""
+        per_shard = shards.map('exact', queries, num_results=self.num_results, aggregate=self.aggregate,
+                               batch_size=self.batch_size, block_vectors=self.block_vectors, tile_bytes=self.tile_bytes,
+                               device=self.device, label=repr(self) if self.verbose else None)
+        return [merge_top(parts, self.num_results) for parts in zip(*per_shard)]
 
-    def _search_approximate(self, queries, meta, vectors, offsets) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        from pyterrier_multiquery.index.ann import CandidateStage
-        if self._stage is None or self._stage[0] != meta:  # first search, or the index was rebuilt
-            stage = CandidateStage(self.index.shards(), self.ann, self.quantizer, self.search_effort, self.device,
-                                   verbose=self.verbose)
-            # with the offsets (where each document's rows start), the row table of the re-scoring
-            self._stage = (meta, stage, np.diff(offsets))
-        _, stage, lengths = self._stage
-        hits = stage.search(np.concatenate(queries), self.candidates)
+    def _search_approximate(self, queries, shards) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """The ANN candidates of every query vector over all shards (one search for all the queries), then exact
+        MaxSim of each query's candidate documents by the shards that hold them, merged batch by batch."""
+        from pyterrier_multiquery.index.ann import merge_hits
+        hits = merge_hits(shards.map('ann_hits', np.concatenate(queries), self.candidates, kind=self.ann,
+                                     quantizer=self.quantizer, search_effort=self.search_effort, device=self.device,
+                                     verbose=self.verbose), self.candidates)[1]
         vector_counts = np.array([len(q) for q in queries])
         first_rows = np.cumsum(vector_counts) - vector_counts
-        batches = range(0, len(queries), self.batch_size)
-        if self.verbose:
-            batches = pt.tqdm(batches, desc=repr(self), unit='batch')
-        results = []
-        for start in batches:
+        batches = []
+        for start in range(0, len(queries), self.batch_size):
             stop = min(len(queries), start + self.batch_size)
-            docids = candidate_documents(hits[first_rows[start]:first_rows[stop - 1] + vector_counts[stop - 1]],
-                                         vector_counts[start:stop])
-            per_query = 4 * docids.shape[1] * _widest(docids, lengths) * meta['dim']
-            step = max(1, self.tile_bytes // max(1, per_query))  # as many queries as fit in a tile, at least one
-            batch = queries[start:stop]
-            for first in range(0, len(batch), step):
-                chunk = docids[first:first + step]
-                chunk = chunk[:, :int((chunk >= 0).sum(axis=1).max())]
-                results.append(self._rescore(batch[first:first + step], chunk, vectors, offsets, lengths))
-        return results
-
-    def _rescore(self, queries, docids: np.ndarray, vectors, offsets, lengths) -> Tuple[np.ndarray, ...]:
-        """Exact MaxSim of queries against their candidates (``docids``, ascending, -1 padded) in one padded
-        (queries x candidates x document vectors) product; returns each query's top (scores, docids, count)."""
-        count, width = docids.shape
-        found = np.minimum((docids >= 0).sum(axis=1), self.num_results)
-        if width == 0:
-            return np.zeros((count, 0), dtype=np.float32), docids, found
-        valid = docids >= 0
-        safe = np.where(valid, docids, 0)
-        starts, ends = offsets[safe], offsets[safe] + lengths[safe]
-        widest = _widest(docids, lengths)
-        # each document's rows, its last row repeated up to the widest candidate (a repeat leaves the max as it is)
-        rows = np.minimum(starts[:, :, None] + np.arange(widest), ends[:, :, None] - 1)
-        doc_vectors = torch.from_numpy(np.require(vectors[rows.reshape(-1)], requirements=['C', 'W']))
-        doc_vectors = doc_vectors.to(self.device).float().view(count, width * widest, -1)
-        padded, query_lengths = padded_queries(queries)  # zero rows: a max of 0, which adds nothing to the sum
-        sims = torch.bmm(torch.from_numpy(padded).to(self.device), doc_vectors.transpose(1, 2))
-        scores = sims.view(count, -1, width, widest).amax(dim=3).sum(dim=1)
-        if self.aggregate == 'mean':
-            scores = scores / torch.from_numpy(query_lengths).to(self.device)[:, None]
-        scores = scores.masked_fill(~torch.from_numpy(valid).to(self.device), -torch.inf)
-        scores, order = scores.sort(dim=1, descending=True, stable=True)  # ties: ascending docid, as docids are
-        keep = min(width, self.num_results)
-        return scores[:, :keep].cpu().numpy(), np.take_along_axis(docids, order[:, :keep].cpu().numpy(), 1), found
+            rows = slice(first_rows[start], first_rows[stop - 1] + vector_counts[stop - 1])
+            batches.append((start, stop, candidate_documents(hits[rows], vector_counts[start:stop])))
+        per_shard = shards.map(
+            'rescore', queries, num_results=self.num_results, aggregate=self.aggregate, tile_bytes=self.tile_bytes,
+            device=self.device, label=repr(self) if self.verbose else None,
+            shard_args=[[(start, stop, shard_documents(docids, first, count)) for start, stop, docids in batches]
+                        for first, count in zip(shards.firsts, shards.counts)])
+        return [merge_top(parts, self.num_results) for parts in zip(*per_shard)]
 
     def fuse_rank_cutoff(self, k: int):
         """``retriever % k`` with ``k`` below ``num_results`` becomes a retriever of ``k`` results."""
         if k < self.num_results:
-            fused = copy.copy(self)  # shares the loaded FAISS stage
+            fused = copy.copy(self)
             fused.num_results = k
             return fused
         return None
@@ -255,18 +206,30 @@ class MaxSimScorer(pt.Transformer):
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Replaces ``score`` and ``rank`` with MaxSim's, per query."""
         pt.validate.result_frame(inp, extra_columns=['query_embs'])
-        meta, vectors, offsets, docnos = self.index.payload()
+        shards = self.index.searchers()
         if len(inp) == 0:
             return pt.model.add_ranks(inp.assign(score=pd.Series(dtype=float)))
-        docids = lookup_docids(docnos, inp['docno'])
-        scores = np.empty(len(inp), dtype=np.float32)
-        groups = inp.groupby('qid', sort=False).indices.items()
-        if self.verbose:
-            groups = pt.tqdm(groups, desc=repr(self), unit='q')
+        groups = list(inp.groupby('qid', sort=False).indices.items())
+        queries, invalid = [], []
+        for qid, rows in groups:  # an unknown docno is reported first, then a malformed query
+            try:
+                queries.append(query_embs(inp['query_embs'].iloc[rows[0]], shards.meta['dim'], qid))
+            except ValueError as e:
+                queries.append(None)
+                invalid.append(e)
+        docnos = inp['docno'].to_numpy()
         with cpu_threads(self.threads):
-            for qid, rows in groups:
-                query = torch.from_numpy(query_embs(inp['query_embs'].iloc[rows[0]], meta['dim'], qid))
-                scores[rows] = score_documents(query.to(self.device), docids[rows], vectors, offsets, self.aggregate)
+            per_shard = shards.map('score', queries, [docnos[rows] for _, rows in groups], aggregate=self.aggregate,
+                                   device=self.device, label=repr(self) if self.verbose else None)
+        scores, found = np.zeros(len(inp), dtype=np.float32), np.zeros(len(inp), dtype=bool)
+        for part in per_shard:
+            for (_, rows), (held, shard_scores) in zip(groups, part):
+                scores[rows[held]] = shard_scores
+                found[rows[held]] = True
+        if not found.all():
+            raise KeyError(f'docno {inp["docno"].tolist()[int(np.argmin(found))]!r} is not in the index')
+        if invalid:
+            raise invalid[0]
         out = pt.model.add_ranks(inp.assign(score=scores))
         if self.num_results is not None:
             out = out[out['rank'] < self.num_results].reset_index(drop=True)
@@ -287,8 +250,145 @@ def score_documents(query, docids: np.ndarray, vectors, offsets: np.ndarray, agg
     """Exact MaxSim of one query (a ``(Q, d)`` tensor) against the given documents of an index's vectors."""
     lengths = offsets[docids + 1] - offsets[docids]
     rows = np.repeat(offsets[docids] - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
-    doc_vectors = torch.from_numpy(np.asarray(vectors[rows], dtype=np.float32)).to(query.device)
+    doc_vectors = aligned(vectors[rows]).float().to(query.device)
     return maxsim_scores(query, doc_vectors, torch.from_numpy(lengths).to(query.device), aggregate)[0].cpu().numpy()
+
+
+def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_results: int, aggregate: str,
+              batch_size: int, block_vectors: int, tile_bytes: int, device: str, label: Optional[str] = None):
+    """Each query's top documents of an index (or one shard) by exact MaxSim over all its documents.
+
+    The stored vectors are read in blocks of about ``block_vectors`` (each block once, for all the queries) and
+    scored in tiles of about ``tile_bytes``, as :class:`MaxSimRetriever` describes.
+
+    Returns:
+        For each batch of ``batch_size`` queries, ``(scores, docids)``: each query's top ``num_results`` (or all the
+        documents, if fewer) in a row, by score, ties by docid.
+    """
+    batches = [[aligned(q).to(device) for q in queries[start:start + batch_size]]
+               for start in range(0, len(queries), batch_size)]
+    best = [(torch.empty((len(batch), 0), device=device),
+             torch.empty((len(batch), 0), dtype=torch.long, device=device)) for batch in batches]
+    tile_vectors = [max(1, tile_bytes // (4 * (sum(len(q) for q in batch) + vectors.shape[1])))
+                    for batch in batches]  # a tile's float32 vectors and its similarities
+    blocks = document_blocks(offsets, block_vectors)
+    if label is not None:
+        blocks = pt.tqdm(blocks, desc=label, unit='block')
+    for first, last in blocks:
+        block_offsets = offsets[first:last + 1] - offsets[first]
+        block = aligned(vectors[offsets[first]:offsets[last]])
+        block = block.to(device)  # the stored dtype: a float16 block is converted a tile at a time
+        lengths = torch.from_numpy(np.diff(block_offsets)).to(device)
+        for i, batch in enumerate(batches):
+            scores = torch.cat([
+                maxsim_scores(batch, block[block_offsets[a]:block_offsets[b]].float(), lengths[a:b], aggregate)
+                for a, b in document_blocks(block_offsets, tile_vectors[i])], dim=1)
+            best[i] = keep_best(*best[i], scores, first, num_results)
+    return [(scores.cpu().numpy(), docids.cpu().numpy()) for scores, docids in best]
+
+
+def rescore_candidates(queries: List[np.ndarray], batches, vectors, offsets: np.ndarray, *, num_results: int,
+                       aggregate: str, tile_bytes: int, device: str, label: Optional[str] = None):
+    """Exact MaxSim of queries against their candidate documents of an index (or one shard).
+
+    Args:
+        queries: The queries' vectors.
+        batches: ``(start, stop, docids)``: the candidates of ``queries[start:stop]``, a row each, ascending, -1
+            padded; scored for as many queries at once as ``tile_bytes`` allows, at least one.
+
+    Returns:
+        For each batch, ``(scores, docids, counts)``: each query's top ``num_results`` candidates in a row, by score,
+        ties by docid, of which the first ``counts`` are results (-inf and -1 beyond).
+    """
+    lengths = np.diff(offsets)
+    if label is not None:
+        batches = pt.tqdm(batches, desc=label, unit='batch')
+    results = []
+    for start, stop, docids in batches:
+        per_query = 4 * docids.shape[1] * _widest(docids, lengths) * vectors.shape[1]
+        step = max(1, tile_bytes // max(1, per_query))  # as many queries as fit in a tile, at least one
+        chunks = []
+        for first in range(0, stop - start, step):
+            chunk = docids[first:first + step]
+            chunk = chunk[:, :int((chunk >= 0).sum(axis=1).max())]
+            chunks.append(_rescore(queries[start + first:start + first + len(chunk)], chunk, vectors, offsets,
+                                   lengths, num_results, aggregate, device))
+        width = max(scores.shape[1] for scores, _, _ in chunks)
+        results.append(tuple(np.concatenate(parts) for parts in zip(*[
+            (np.pad(scores, ((0, 0), (0, width - scores.shape[1])), constant_values=-np.inf),
+             np.pad(ids, ((0, 0), (0, width - ids.shape[1])), constant_values=-1), found)
+            for scores, ids, found in chunks])))
+    return results
+
+
+def _rescore(queries, docids: np.ndarray, vectors, offsets, lengths, num_results: int, aggregate: str,
+             device: str) -> Tuple[np.ndarray, ...]:
+    """Exact MaxSim of queries against their candidates (``docids``, ascending, -1 padded) in one padded
+    (queries x candidates x document vectors) product; returns each query's top (scores, docids, count)."""
+    count, width = docids.shape
+    found = np.minimum((docids >= 0).sum(axis=1), num_results)
+    if width == 0:
+        return np.zeros((count, 0), dtype=np.float32), docids, found
+    valid = docids >= 0
+    safe = np.where(valid, docids, 0)
+    starts, ends = offsets[safe], offsets[safe] + lengths[safe]
+    widest = _widest(docids, lengths)
+    # each document's rows, its last row repeated up to the widest candidate (a repeat leaves the max as it is)
+    rows = np.minimum(starts[:, :, None] + np.arange(widest), ends[:, :, None] - 1)
+    doc_vectors = aligned(vectors[rows.reshape(-1)])
+    doc_vectors = doc_vectors.to(device).float().view(count, width * widest, -1)
+    padded, query_lengths = padded_queries(queries)  # zero rows: a max of 0, which adds nothing to the sum
+    sims = torch.bmm(aligned(padded).to(device), doc_vectors.transpose(1, 2))
+    scores = sims.view(count, -1, width, widest).amax(dim=3).sum(dim=1)
+    if aggregate == 'mean':
+        scores = scores / torch.from_numpy(query_lengths).to(device)[:, None]
+    scores = scores.masked_fill(~torch.from_numpy(valid).to(device), -torch.inf)
+    scores, order = scores.sort(dim=1, descending=True, stable=True)  # ties: ascending docid, as docids are
+    keep = min(width, num_results)
+    return scores[:, :keep].cpu().numpy(), np.take_along_axis(docids, order[:, :keep].cpu().numpy(), 1), found
+
+
+def merge_top(parts, k: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rankings of the same queries by the shards of an index merged into each query's top ``k``, by score, ties
+    by the order of the shards (document order), then by each shard's ranking.
+
+    Args:
+        parts: ``(scores, docids, counts)`` of each shard, in document order: each query's ranking in a row, of
+            which the first ``counts`` are results.
+        k: Results kept per query.
+
+    Returns:
+        ``(scores, docids, counts)`` as each part.
+    """
+    if len(parts) == 1:
+        return parts[0]
+    scores = np.concatenate([np.where(np.arange(s.shape[1]) < c[:, None], s, -np.inf).astype(s.dtype)
+                             for s, _, c in parts], axis=1)
+    order = np.argsort(-scores, axis=1, kind='stable')[:, :k]
+    docids = np.concatenate([d for _, d, _ in parts], axis=1)
+    counts = np.minimum(np.sum([c for _, _, c in parts], axis=0), k)
+    return np.take_along_axis(scores, order, 1), np.take_along_axis(docids, order, 1), counts
+
+
+def shard_documents(docids: np.ndarray, first: int, count: int) -> np.ndarray:
+    """The documents of one shard (docids ``first`` to ``first + count - 1``) among rows of ascending, -1 padded
+    docids, as the shard's own docids, ascending, -1 padded."""
+    inside = (docids >= first) & (docids < first + count)
+    out = np.full((len(docids), int(inside.sum(axis=1).max(initial=0))), -1, dtype=np.int64)
+    out[np.nonzero(inside)[0], (np.cumsum(inside, axis=1) - 1)[inside]] = docids[inside] - first
+    return out
+
+
+def aligned(array: np.ndarray) -> torch.Tensor:
+    """A copy of an array in memory that torch allocated, which starts at a 64-byte boundary.
+
+    The CPU's matrix products (MKL) may round differently where their operands start at different alignments, and
+    NumPy's (or a memory map's, or Ray's object store's) arrays start wherever they were put: copied here, the same
+    vectors give the same scores bit for bit, whichever process reads them.
+    """
+    out = torch.empty(array.shape, dtype=getattr(torch, np.dtype(array.dtype).name))
+    out.numpy()[...] = array
+    return out
 
 
 def query_embs(embs, dim: int, qid) -> np.ndarray:
@@ -317,14 +417,6 @@ def check_unique_qids(inp: pd.DataFrame) -> None:
     if repeated.any():
         raise ValueError(f'qid {inp["qid"][repeated].iloc[0]!r} has more than one row; a query frame has one row '
                          'per query (give each its own qid)')
-
-
-def lookup_docids(docnos, values: pd.Series) -> np.ndarray:
-    """Internal ids of docnos, with an error naming the first docno the index does not hold."""
-    docids = np.asarray(docnos.inv[values.to_numpy()], dtype=np.int64)
-    if (docids < 0).any():
-        raise KeyError(f'docno {values.iloc[int(np.argmax(docids < 0))]!r} is not in the index')
-    return docids
 
 
 def document_blocks(offsets: np.ndarray, block_vectors: int) -> List[Tuple[int, int]]:

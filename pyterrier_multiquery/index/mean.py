@@ -13,7 +13,8 @@ class MeanRetriever(pt.Transformer):
     """Retrieves by the inner product of the query's mean vector and each document's mean vector.
 
     The document means are written once to a pyterrier_dr FlexIndex inside the index folder (``mean.flex``, or
-    ``mean-normalised.flex``), which does the search.
+    ``mean-normalised.flex``; a sharded index has one in each shard's folder), and searched exhaustively (as MaxSim
+    of one vector against one), ties broken by the documents' order in the index.
     """
     schematic = {'label': 'Mean'}
 
@@ -48,17 +49,19 @@ class MeanRetriever(pt.Transformer):
         return mean / np.linalg.norm(mean) if self.normalise else mean
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
-        """Retrieves for each query row (``qid``, ``query_embs``)."""
-        from pyterrier_multiquery.index.maxsim import check_unique_qids, query_embs
+        """Retrieves for each query row (``qid``, ``query_embs``); each shard searches its own FlexIndex."""
+        from pyterrier_multiquery.index.maxsim import check_unique_qids, merge_top, query_embs, result_frame
         pt.validate.query_frame(inp, extra_columns=['query_embs'])
         check_unique_qids(inp)
-        dim = self.index.payload()[0]['dim']
-        query_vecs = [self._pool(query_embs(embs, dim, qid)) for qid, embs in zip(inp['qid'], inp['query_embs'])]
-        # two at least: with one result per query, pyterrier_dr's retriever fills each cell with a one-element array
-        # (pyterrier-alpha's DataFrameBuilder takes length-1 columns for one row's values)
-        retriever = self.flex_index().np_retriever(num_results=max(self.num_results, 2), drop_query_vec=True)
-        out = retriever(inp.assign(query_vec=query_vecs))
-        return out[out['rank'] < self.num_results].reset_index(drop=True)
+        shards = self.index.searchers()
+        results = []
+        if len(inp):
+            query_vecs = np.stack([self._pool(query_embs(embs, shards.meta['dim'], qid))
+                                   for qid, embs in zip(inp['qid'], inp['query_embs'])])
+            per_shard = shards.map('mean', query_vecs, num_results=self.num_results, normalise=self.normalise,
+                                   verbose=self.verbose)
+            results = [merge_top(parts, self.num_results) for parts in zip(*per_shard)]
+        return result_frame(inp, results, shards.docnos)
 
     def fuse_rank_cutoff(self, k: int) -> Optional['MeanRetriever']:
         """``retriever % k`` with ``k`` below ``num_results`` becomes a retriever of ``k`` results."""

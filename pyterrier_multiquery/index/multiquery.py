@@ -35,7 +35,7 @@ class MultiQueryRetriever(pt.Transformer):
                  per_vector_results: Optional[int] = None, rrf_k: int = 60, verbose: bool = False, **maxsim_args):
         """
         Args:
-            index: The :class:`MultiVectorIndex` to search.
+            index: The :class:`MultiVectorIndex` (sharded, or over Ray) to search.
             merge: ``round_robin``, ``score_sum`` or ``rrf``.
             num_results: Documents returned per query after merging.
             per_vector_results: Documents each query vector retrieves (default: ``num_results``).
@@ -44,7 +44,6 @@ class MultiQueryRetriever(pt.Transformer):
             maxsim_args: Passed to the per-vector :class:`MaxSimRetriever` (``exact``, ``ann``, ``device``, ``threads``,
                 ...).
         """
-        from pyterrier_multiquery.index.maxsim import MaxSimRetriever
         if merge not in MERGES:
             raise ValueError(f'merge must be one of {MERGES}, got {merge!r}')
         self.index = index
@@ -53,8 +52,8 @@ class MultiQueryRetriever(pt.Transformer):
         self.per_vector_results = per_vector_results or num_results
         self.rrf_k = rrf_k
         self.verbose = verbose
-        self.retriever = MaxSimRetriever(index, num_results=self.per_vector_results, drop_query_embs=True,
-                                         verbose=verbose, **maxsim_args)
+        self.retriever = index.maxsim_retriever(num_results=self.per_vector_results, drop_query_embs=True,
+                                                verbose=verbose, **maxsim_args)
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Retrieves for each query row (``qid``, ``query_embs``) and merges its vectors' lists."""
@@ -64,7 +63,7 @@ class MultiQueryRetriever(pt.Transformer):
         query_columns = [c for c in inp.columns if c != 'query_embs']
         if len(inp) == 0:
             return inp[query_columns].assign(docno=[], score=[], rank=[])
-        dim = self.index.payload()[0]['dim']
+        dim = self.index.searchers().meta['dim']
         queries = [query_embs(embs, dim, qid) for qid, embs in zip(inp['qid'], inp['query_embs'])]
         counts = [len(embs) for embs in queries]
         single = pd.DataFrame({  # one row per query vector, each its own qid; position: the query's row in inp

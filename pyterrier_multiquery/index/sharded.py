@@ -159,6 +159,12 @@ class ShardedMultiVectorIndex(SearchableIndex, pta.Artifact, pt.Indexer):
         return ShardedMultiVectorIndexer(self, shard_size=shard_size, num_shards=num_shards, dtype=dtype,
                                          processes=processes, overwrite=overwrite)
 
+    def ray_indexer(self, *, dtype: str = 'float32', overwrite: bool = False, num_cpus: float = 1,
+                    address: Optional[str] = None):
+        """An indexer whose Ray tasks write one shard each (arguments as :class:`RayShardedIndexer`; needs the
+        ``ray`` extra). See docs/distributed.md."""
+        return RayShardedIndexer(self, dtype=dtype, overwrite=overwrite, num_cpus=num_cpus, address=address)
+
     def __repr__(self):
         return f'ShardedMultiVectorIndex({str(self.path)!r})'
 
@@ -248,6 +254,71 @@ class ShardedMultiVectorIndexer(pt.Indexer):
     def __repr__(self):
         size = f'num_shards={self.num_shards}' if self.num_shards else f'shard_size={self.shard_size}'
         return f'{self.index_ref!r}.indexer({size}, dtype={self.dtype!r}, processes={self.processes})'
+
+
+class RayShardedIndexer:
+    """Builds a sharded index with Ray tasks, one shard each, written into a temporary folder beside the index (on
+    storage that every node writes to) and registered by renaming it once every shard is complete and checked: a
+    failing task leaves nothing."""
+
+    def __init__(self, index: ShardedMultiVectorIndex, *, dtype: str = 'float32', overwrite: bool = False,
+                 num_cpus: float = 1, address: Optional[str] = None):
+        """
+        Args:
+            index: The sharded index to write.
+            dtype: Storage type of the vectors, ``float32`` or ``float16``.
+            overwrite: Whether to replace an existing sharded index (only once the new one is complete).
+            num_cpus: CPUs Ray reserves for each task.
+            address: The Ray cluster to join (as :meth:`ShardedMultiVectorIndex.ray`); None starts a local one, and
+                a Ray already initialised in this process is used as it is.
+        """
+        if dtype not in _DTYPES:
+            raise ValueError(f'dtype must be one of {list(_DTYPES)}, got {dtype!r}')
+        self.index_ref = index
+        self.dtype = dtype
+        self.overwrite = overwrite
+        self.num_cpus = num_cpus
+        self.address = address
+
+    def index(self, parts: Iterable) -> ShardedMultiVectorIndex:
+        """Indexes each part into its shard, in the order given (which numbers the documents).
+
+        Args:
+            parts: Each shard's ``{'docno', 'doc_embs'}`` records: a function that gives them, called in the task
+                (so that each node reads its own part of the corpus), or the records themselves (a list or a
+                DataFrame, sent to the task).
+
+        Raises:
+            FileExistsError: As :meth:`ShardedMultiVectorIndexer.index`.
+            ValueError: If ``parts`` is empty, or as :meth:`ShardedMultiVectorIndexer.index` (a note names the
+                task of the failing shard).
+        """
+        from pyterrier_multiquery.index.distributed import run_tasks
+        path = self.index_ref.path
+        _check_target(path, self.overwrite, ShardedMultiVectorIndex)
+        parts = list(parts)
+        if not parts:
+            raise ValueError('nothing to index: no parts were given')
+        names = [f'shard-{i:03d}' for i in range(len(parts))]
+        with building(path) as tmp:
+            tmp.mkdir()
+            run_tasks(_index_part, [(str(tmp / name), part, self.dtype) for name, part in zip(names, parts)],
+                      names, num_cpus=self.num_cpus, address=self.address, verbose=self.index_ref.verbose)
+            shards = [MultiVectorIndex(tmp / name, verbose=False).payload() for name in names]
+            _check_same_vectors(shards, names)
+            _check_unique_across([docnos for _, _, _, docnos in shards], names)
+            _write_meta(tmp, names, [meta for meta, _, _, _ in shards])
+        self.index_ref._payload = None
+        return self.index_ref
+
+    def __repr__(self):
+        return f'{self.index_ref!r}.ray_indexer(dtype={self.dtype!r})'
+
+
+def _index_part(path: str, part, dtype: str) -> None:
+    """A Ray task of :class:`RayShardedIndexer`: writes one shard."""
+    records = part() if callable(part) else part
+    MultiVectorIndex(path, verbose=False).indexer(dtype=dtype).index(records)
 
 
 class ShardedVectors:

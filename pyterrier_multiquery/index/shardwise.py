@@ -1,0 +1,122 @@
+"""Every search of the index as a map over its shards and a merge.
+
+Each shard's part is a method of :class:`ShardSearcher`, computed over the shard's own memory-mapped files, where
+the shard is held: in this process (:class:`LocalShards`), or in a Ray actor
+(:class:`~pyterrier_multiquery.index.distributed.RayIndex`). The retrievers merge the parts the same way in both
+cases, so an index searched over Ray ranks and scores exactly as in one process.
+"""
+from typing import List, Optional
+
+import numpy as np
+import pyterrier as pt
+
+from pyterrier_multiquery.index.maxsim import aligned, exact_top, rescore_candidates, score_documents
+
+
+class ShardSearcher:
+    """The part of every search that one shard (a :class:`MultiVectorIndex`) computes. The docids it takes and gives
+    are the sharded index's (the shard's own plus ``first``), but for :meth:`rescore` and :meth:`docnos`, which take
+    the shard's own."""
+
+    def __init__(self, shard, first: int):
+        """
+        Args:
+            shard: The :class:`MultiVectorIndex`.
+            first: The docid of its first document in the sharded index.
+        """
+        self.shard = shard
+        self.first = first
+        self._stages = {}
+
+    def doc_count(self) -> int:
+        """Documents in the shard."""
+        return self.shard.payload()[0]['doc_count']
+
+    def exact(self, queries: List[np.ndarray], **settings) -> list:
+        """Each batch's top documents by exact MaxSim (``settings`` as :func:`~.maxsim.exact_top`), as
+        ``(scores, docids, counts)``."""
+        _, vectors, offsets, _ = self.shard.payload()
+        return [(scores, docids + self.first, np.full(len(scores), scores.shape[1]))
+                for scores, docids in exact_top(queries, vectors, offsets, **settings)]
+
+    def ann_hits(self, vectors: np.ndarray, k: int, *, kind: str, quantizer: Optional[str], search_effort: int,
+                 device: str, verbose: bool = False):
+        """The ``k`` nearest stored vectors of each query vector (as :meth:`~.ann.CandidateStage.search`); the FAISS
+        index is loaded (or built) once, again when the shard is rebuilt."""
+        from pyterrier_multiquery.index.ann import CandidateStage
+        meta = self.shard.payload()[0]
+        key = (kind, quantizer, search_effort, device)
+        if key not in self._stages or self._stages[key][0] is not meta:
+            self._stages[key] = (meta, CandidateStage(self.shard, kind, quantizer, search_effort, device,
+                                                      first=self.first, verbose=verbose))
+        return self._stages[key][1].search(vectors, k)
+
+    def rescore(self, batches, queries: List[np.ndarray], **settings) -> list:
+        """Exact MaxSim of each batch's queries against their candidates in this shard (``batches`` and
+        ``settings`` as :func:`~.maxsim.rescore_candidates`, the shard's own docids), as ``(scores, docids,
+        counts)``."""
+        _, vectors, offsets, _ = self.shard.payload()
+        return [(scores, np.where(docids >= 0, docids + self.first, -1), counts)
+                for scores, docids, counts in rescore_candidates(queries, batches, vectors, offsets, **settings)]
+
+    def mean(self, query_vecs: np.ndarray, *, num_results: int, normalise: bool, verbose: bool = False) -> list:
+        """Each query's top documents by the inner product of the mean vectors (as :class:`~.mean.MeanRetriever`,
+        the means read from its FlexIndex in the shard's folder), as ``[(scores, docids, counts)]``."""
+        from pyterrier_multiquery.index.mean import MeanRetriever
+        means = MeanRetriever(self.shard, normalise=normalise, verbose=verbose).flex_index().payload(
+            return_docnos=False)[0]
+        # a mean is a document (or query) of one vector, whose MaxSim is the inner product
+        top = exact_top([vec[None, :] for vec in query_vecs], means, np.arange(len(means) + 1), num_results=num_results,
+                        aggregate='sum', batch_size=len(query_vecs), block_vectors=65536, tile_bytes=4 << 20,
+                        device='cpu')
+        scores, docids = top[0]
+        return [(scores, docids + self.first, np.full(len(scores), scores.shape[1]))]
+
+    def score(self, queries: List[np.ndarray], docnos: List[np.ndarray], *, aggregate: str, device: str,
+              label: Optional[str] = None) -> list:
+        """Exact MaxSim of each query (None: a malformed one, not scored) against those of its docnos that this
+        shard holds.
+
+        Returns:
+            For each query, ``(held, scores)``: which of its docnos the shard holds, and their scores.
+        """
+        _, vectors, offsets, lookup = self.shard.payload()
+        pairs = zip(queries, docnos)
+        if label is not None:
+            pairs = pt.tqdm(pairs, total=len(queries), desc=label, unit='q')
+        out = []
+        for query, names in pairs:
+            docids = np.asarray(lookup.inv[names], dtype=np.int64)
+            held = docids >= 0
+            scores = np.zeros(int(held.sum()), dtype=np.float32)  # left as they are for a malformed query
+            if query is not None and held.any():
+                scores = score_documents(aligned(query).to(device), docids[held], vectors, offsets, aggregate)
+            out.append((held, scores))
+        return out
+
+    def docnos(self, docids: np.ndarray) -> np.ndarray:
+        """The docnos of the shard's own ``docids``."""
+        lookup = self.shard.payload()[3]
+        return np.asarray(lookup.fwd[docids], dtype=str) if len(docids) else np.zeros(0, dtype=str)
+
+
+class LocalShards:
+    """The shards of an index searched in this process, one after the other."""
+
+    def __init__(self, index):
+        """
+        Args:
+            index: A :class:`MultiVectorIndex` (one shard) or :class:`ShardedMultiVectorIndex`.
+        """
+        self.meta, _, _, self.docnos = index.payload()
+        self.searchers = []
+        for shard in index.shards():
+            self.searchers.append(ShardSearcher(shard, sum(s.doc_count() for s in self.searchers)))
+        self.counts = [searcher.doc_count() for searcher in self.searchers]
+        self.firsts = [searcher.first for searcher in self.searchers]
+
+    def map(self, method: str, *args, shard_args: Optional[list] = None, **kwargs) -> list:
+        """``ShardSearcher.<method>(*args, **kwargs)`` of every shard, in document order; with ``shard_args``, each
+        shard's own first argument before ``args``."""
+        return [getattr(searcher, method)(*(() if shard_args is None else (shard_args[i],)), *args, **kwargs)
+                for i, searcher in enumerate(self.searchers)]
