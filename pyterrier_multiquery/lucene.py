@@ -233,7 +233,8 @@ class LuceneIndexer(pt.Indexer):
 
     def _stopword_list(self):
         if self.stopwords == 'terrier':
-            from pyterrier_pisa.stopwords import _STOPWORDS  # Terrier's list, as pyterrier-pisa's BM25 stops queries
+            with requires('pisa'):  # Terrier's list, as pyterrier-pisa's BM25 stops queries
+                from pyterrier_pisa.stopwords import _STOPWORDS
             return _STOPWORDS['terrier']
         return self.stopwords
 

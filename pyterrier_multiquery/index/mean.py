@@ -5,8 +5,6 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
-from pyterrier_multiquery._extras import requires
-from pyterrier_multiquery._files import build_once
 
 
 class MeanRetriever(pt.Transformer):
@@ -32,11 +30,9 @@ class MeanRetriever(pt.Transformer):
 
     def flex_index(self):
         """The FlexIndex of document means, built the first time it is needed."""
-        with requires('dense'):
-            from pyterrier_dr import FlexIndex
+        from pyterrier_multiquery.baselines import flex_index
         path = self.index.path / ('mean-normalised.flex' if self.normalise else 'mean.flex')
-        build_once(path, lambda tmp: FlexIndex(tmp, verbose=self.verbose).index(self._document_means()))
-        return FlexIndex(str(path), verbose=self.verbose)
+        return flex_index(path, None, self._document_means, verbose=self.verbose)
 
     def _document_means(self):
         _, vectors, offsets, docnos = self.index.payload()
