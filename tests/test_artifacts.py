@@ -111,8 +111,9 @@ def test_every_artifact_class_of_the_package_has_an_entry_point():
         if '.experiment' in module.name:
             continue
         for value in vars(importlib.import_module(module.name)).values():
-            if isinstance(value, type) and value.__module__ == module.name and \
-                    isinstance(vars(value).get('ARTIFACT_TYPE') or vars(value).get('ARTIFACT_FORMAT'), str):
+            declares = isinstance(value, type) and value.__module__ == module.name and \
+                ('ARTIFACT_TYPE' in vars(value) or 'ARTIFACT_FORMAT' in vars(value))
+            if declares and isinstance(getattr(value, 'ARTIFACT_TYPE', None), str):  # not the bases without a type
                 classes.add(value)
     assert len(classes) >= 7, classes
     missing = sorted(f'{c.__module__}.{c.__name__} ({c.ARTIFACT_TYPE}.{c.ARTIFACT_FORMAT})' for c in classes

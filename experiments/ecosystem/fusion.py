@@ -14,11 +14,24 @@ import pandas as pd
 import pyterrier as pt
 
 
+def per_query_max_min() -> pt.Transformer:
+    """pyterrier_alpha's ``PerQueryMaxMinScore`` where it runs; else its computation (scikit-learn's
+    ``minmax_scale`` of each query's scores) as a ``pt.apply`` (pyterrier-alpha 0.16.5's class fails on its first
+    frame, importing a ``validate`` its module no longer has)."""
+    from pyterrier_alpha.fusion import PerQueryMaxMinScore
+    from sklearn.preprocessing import minmax_scale
+    try:
+        PerQueryMaxMinScore()(pd.DataFrame({'qid': ['q'], 'docno': ['d'], 'score': [1.]}))
+        return PerQueryMaxMinScore()
+    except ImportError as e:
+        print(f'pyterrier_alpha.fusion.PerQueryMaxMinScore does not run: {type(e).__name__}: {e}')
+    return pt.apply.generic(lambda frame: frame.assign(score=frame.groupby('qid')['score'].transform(minmax_scale)))
+
+
 def pyterrier_hybrid(first, second, weight: float, num_results: int) -> pt.Transformer:
     """``HybridRetriever``'s fusion in PyTerrier's operators."""
-    from pyterrier_alpha.fusion import PerQueryMaxMinScore
-    return (weight * (first % num_results >> PerQueryMaxMinScore())
-            + (1 - weight) * (second % num_results >> PerQueryMaxMinScore())) % num_results
+    return (weight * (first % num_results >> per_query_max_min())
+            + (1 - weight) * (second % num_results >> per_query_max_min())) % num_results
 
 
 def main():

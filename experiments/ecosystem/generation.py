@@ -42,7 +42,12 @@ def main():
     except Exception as e:  # reported: whether it loads is the point
         checks['loads the GGUF file'] = f'no ({type(e).__name__}: {str(e).splitlines()[0][:120]})'
     with tempfile.TemporaryDirectory() as tmp:
-        ours.model.save_pretrained(tmp)
+        from transformers import AutoModelForCausalLM
+        config = ours.model.config
+        config.__dict__.pop('quantization_config', None)  # the GGUF reader's mark: such a model does not save
+        plain = AutoModelForCausalLM.from_config(config)
+        plain.load_state_dict(ours.model.state_dict())  # the dequantised weights, as ours runs them
+        plain.save_pretrained(tmp)
         ours.tokenizer.save_pretrained(tmp)
         theirs = HuggingFaceBackend(tmp, max_new_tokens=n, device='cpu')
         try:
