@@ -48,7 +48,8 @@ def test_get_corpus_iter_gives_back_what_was_indexed(index, tmp_path):
     documents = list(index.get_corpus_iter(verbose=False))
     assert [d['docno'] for d in documents] == ['a', 'b', 'c']
     for got, given in zip(documents, DOCS):
-        assert got['doc_embs'].dtype == np.float32 and np.array_equal(got['doc_embs'], given['doc_embs'].astype(np.float32))
+        assert got['doc_embs'].dtype == np.float32
+        assert np.array_equal(got['doc_embs'], given['doc_embs'].astype(np.float32))
     copy = MultiVectorIndex(tmp_path / 'copy.mvi', verbose=False).index(index.get_corpus_iter(verbose=False))
     pd.testing.assert_frame_equal(copy.retriever()(QUERY), index.retriever()(QUERY))
 
