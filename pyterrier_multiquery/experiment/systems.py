@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
-from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery import baselines
+from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import build_once
 from pyterrier_multiquery.baselines import MMR, flex_index, minilm
 from pyterrier_multiquery.experiment.cache import (
