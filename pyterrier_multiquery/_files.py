@@ -70,18 +70,20 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def build_once(path: PathLike, build: Callable[[str], None]) -> Path:
-    """Builds an index folder at ``path`` unless it is already there, never leaving a half-built one.
+def build_once(path: PathLike, build: Callable[[str], None], *, overwrite: bool = False) -> Path:
+    """Builds a folder (an index, a model) at ``path`` unless it is already there, never leaving a half-built one.
 
     Args:
-        path: Where the finished index lives.
-        build: Writes the index into the (not yet existing) folder it is given.
+        path: Where the finished folder lives.
+        build: Writes the folder into the (not yet existing) path it is given.
+        overwrite: Whether to build even where ``path`` exists (the old folder is replaced once the new one is
+            complete).
 
     Returns:
-        The path of the finished index.
+        The path of the finished folder.
     """
     path = Path(path)
-    if not path.exists():
+    if overwrite or not path.exists():
         with building(path) as tmp:
             build(str(tmp))
     return path

@@ -1,48 +1,51 @@
-"""Baseline pipeline stages: BM25 (PISA, or Lucene through pyserini), single-vector dense retrieval (pyterrier_dr)
-and MMR re-ranking."""
+"""Baseline pipeline stages: BM25 (PISA or Lucene), single-vector dense retrieval (pyterrier_dr) and MMR
+re-ranking."""
 from pathlib import Path
-from typing import Callable, Iterable, Union
+from typing import Callable, Iterable, Optional, Union
 
+import more_itertools
 import numpy as np
 import pandas as pd
 import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import build_once
+from pyterrier_multiquery._transformer import DerivedIdentity
 
 PathLike = Union[str, Path]
 
 
-def pisa_bm25(path: PathLike, corpus: Callable[[], Iterable[dict]], *, num_results: int = 1000,
-              **bm25_args) -> pt.Transformer:
-    """BM25 over a PISA index of the ``text`` field, built at ``path`` the first time.
+#: The engines :func:`bm25` indexes with.
+BM25_ENGINES = ('pisa', 'lucene')
+
+
+def bm25(path: PathLike, corpus: Callable[[], Iterable[dict]], *, engine: str = 'pisa', num_results: int = 1000,
+         **bm25_args) -> pt.Transformer:
+    """BM25 over an index of the ``text`` field, built at ``path`` the first time.
 
     Args:
         path: The index folder.
         corpus: Returns an iterable of ``{'docno', 'text'}`` dicts (called only when the index is built).
+        engine: ``'pisa'`` (pyterrier-pisa, the ``[pisa]`` extra; Porter2, Terrier's stopwords) or ``'lucene'``
+            (Anserini through pyserini, the ``[pyserini]`` extra and Java 21+; Porter, Terrier's stopwords).
         num_results: Number of results per query.
-        bm25_args: Passed to :meth:`pyterrier_pisa.PisaIndex.bm25` (``k1``, ``b``, ...).
+        bm25_args: Passed to the engine's ``bm25`` (``k1``, ``b``, ...): :meth:`pyterrier_pisa.PisaIndex.bm25` or
+            :meth:`pyterrier_multiquery.lucene.LuceneIndex.bm25`.
+
+    Raises:
+        ValueError: If ``engine`` is not one of :data:`BM25_ENGINES`.
+        ModuleNotFoundError: Naming the extra to install, when the engine's package is missing.
     """
-    from pyterrier_pisa import PisaIndex
-    build_once(path, lambda tmp: PisaIndex(tmp, text_field='text').index(corpus()))
-    return PisaIndex(str(path), text_field='text').bm25(num_results=num_results, **bm25_args)
-
-
-def lucene_bm25(path: PathLike, corpus: Callable[[], Iterable[dict]], *, num_results: int = 1000,
-                **bm25_args) -> pt.Transformer:
-    """BM25 over a Lucene index of the ``text`` field (pyserini, Java 21+), built at ``path`` the first time.
-
-    Args:
-        path: The index folder.
-        corpus: Returns an iterable of ``{'docno', 'text'}`` dicts (called only when the index is built).
-        num_results: Number of results per query.
-        bm25_args: Passed to :meth:`pyterrier_multiquery.lucene.LuceneIndex.bm25` (``k1``, ``b``, ...).
-    """
-    from pyterrier_multiquery.lucene import LuceneIndex
-    index = LuceneIndex(path)
-    if not index.built():
-        index.index(corpus())
-    return index.bm25(num_results=num_results, **bm25_args)
+    if engine == 'pisa':
+        with requires('pisa'):
+            from pyterrier_pisa import PisaIndex
+        build_once(path, lambda tmp: PisaIndex(tmp, text_field='text').index(corpus()))
+        return PisaIndex(str(path), text_field='text').bm25(num_results=num_results, **bm25_args)
+    if engine == 'lucene':
+        from pyterrier_multiquery.lucene import LuceneIndex
+        build_once(path, lambda tmp: LuceneIndex(tmp).index(corpus()))
+        return LuceneIndex(path).bm25(num_results=num_results, **bm25_args)
+    raise ValueError(f'engine must be one of {BM25_ENGINES}, got {engine!r}')
 
 
 def minilm(*, batch_size: int = 64, verbose: bool = False, device=None) -> pt.Transformer:
@@ -54,19 +57,26 @@ def minilm(*, batch_size: int = 64, verbose: bool = False, device=None) -> pt.Tr
                           device=device)
 
 
-def flex_index(path: PathLike, encoder: pt.Transformer, corpus: Callable[[], Iterable[dict]], *,
+def flex_index(path: PathLike, encoder: Optional[pt.Transformer], corpus: Optional[Callable[[], Iterable[dict]]], *,
                verbose: bool = True):
-    """A pyterrier_dr FlexIndex of ``encoder``'s document vectors, built at ``path`` the first time.
+    """A pyterrier_dr FlexIndex of document vectors, built at ``path`` the first time.
 
     Args:
         path: The index folder.
-        encoder: A pyterrier_dr bi-encoder (writes ``doc_vec`` from ``text``).
-        corpus: Returns an iterable of ``{'docno', 'text'}`` dicts (called only when the index is built).
+        encoder: A pyterrier_dr bi-encoder that writes ``doc_vec`` from ``text`` (None where the index is built).
+        corpus: Returns an iterable of ``{'docno', 'text'}`` dicts, encoded by ``encoder``, or of
+            ``{'docno', 'doc_vec'}`` dicts, indexed as they are; called only when the index is built.
         verbose: Whether the index shows progress bars.
     """
     with requires('dense'):
         from pyterrier_dr import FlexIndex
-    build_once(path, lambda tmp: (encoder.doc_encoder() >> FlexIndex(tmp, verbose=verbose).indexer()).index(corpus()))
+
+    def build(tmp: str) -> None:
+        records = more_itertools.peekable(corpus())
+        indexer = FlexIndex(tmp, verbose=verbose).indexer()
+        (indexer if 'doc_vec' in records.peek({}) else encoder.doc_encoder() >> indexer).index(records)
+
+    build_once(path, build)
     return FlexIndex(str(path), verbose=verbose)
 
 
@@ -76,7 +86,7 @@ def flex_index(path: PathLike, encoder: pt.Transformer, corpus: Callable[[], Ite
 DEFAULT_MMR_LAMBDA = 0.9
 
 
-class MMR(pt.Transformer):
+class MMR(DerivedIdentity, pt.Transformer):
     """Maximal Marginal Relevance re-ranking (Carbonell & Goldstein, 1998), the AMER paper's Eq. 3.
 
     Documents are picked greedily by ``Lambda * score(q, d) - (1 - Lambda) * max_{d' picked} cos(d, d')``
@@ -137,15 +147,6 @@ class MMR(pt.Transformer):
             redundancy = similarity[best] if step == 0 else np.maximum(redundancy, similarity[best])
         return order
 
-    def __repr__(self):
-        return f'MMR(Lambda={self.Lambda!r}, depth={self.depth!r})'
-
-    def __eq__(self, other):
-        return isinstance(other, MMR) and \
-            (self.Lambda, self.depth, self.drop_doc_vec) == (other.Lambda, other.depth, other.drop_doc_vec)
-
-    def __hash__(self):
-        return hash((MMR, self.Lambda, self.depth, self.drop_doc_vec))
 
 
 def _check_scores(inp: pd.DataFrame) -> None:

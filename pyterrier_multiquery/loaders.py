@@ -13,6 +13,8 @@ from typing import Dict, Iterator, Optional, Sequence, Union
 import pandas as pd
 import pyterrier as pt
 
+from pyterrier_multiquery._transformer import DerivedIdentity
+
 PathLike = Union[str, Path]
 TREC_CHUNK_SIZE = 1 << 20  # characters read at a time from a TREC document file
 
@@ -91,7 +93,7 @@ class LocalDataset(pt.datasets.Dataset):
         return f'{type(self).__name__}({str(self.path)!r})'
 
 
-class CorpusTextLoader(pt.Transformer):
+class CorpusTextLoader(DerivedIdentity, pt.Transformer):
     """Adds documents' corpus fields (``text``, ...) to a frame with ``docno``: a local dataset's ``text_loader``."""
 
     def __init__(self, dataset: LocalDataset, fields: Union[str, Sequence[str]] = '*', *, verbose: bool = False):
@@ -120,17 +122,6 @@ class CorpusTextLoader(pt.Transformer):
             raise KeyError(f'docno(s) not in {self.dataset!r}: {inp.loc[missing, "docno"].unique()[:5].tolist()}')
         return inp.drop(columns=[f for f in fields if f in inp.columns]).join(corpus[fields], on='docno')
 
-    def _key(self):
-        return self.dataset, self.fields if isinstance(self.fields, str) else tuple(self.fields)
-
-    def __eq__(self, other):
-        return isinstance(other, CorpusTextLoader) and self._key() == other._key()
-
-    def __hash__(self):
-        return hash((CorpusTextLoader, self._key()))
-
-    def __repr__(self):
-        return f'CorpusTextLoader({self.dataset!r}, {self.fields!r})'
 
 
 class BeirDataset(LocalDataset):

@@ -19,6 +19,7 @@ import pyterrier_alpha as pta
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building
+from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff
 
 #: The oldest Java that Anserini 1.x (pyserini 1.x) runs on.
 MIN_JAVA_VERSION = 21
@@ -84,7 +85,7 @@ def _anserini():
     return autoclass, JArrayList
 
 
-class LuceneIndex(pta.Artifact, pt.Indexer):
+class LuceneIndex(DerivedIdentity, pta.Artifact, pt.Indexer):
     """A Lucene index built by Anserini: of document ``text`` (searched with BM25) or of sparse ``toks`` weights
     (integer impacts, searched with ``query_toks``).
 
@@ -233,7 +234,8 @@ class LuceneIndexer(pt.Indexer):
 
     def _stopword_list(self):
         if self.stopwords == 'terrier':
-            from pyterrier_pisa.stopwords import _STOPWORDS  # Terrier's list, as pyterrier-pisa's BM25 stops queries
+            with requires('pisa'):  # Terrier's list, as pyterrier-pisa's BM25 stops queries
+                from pyterrier_pisa.stopwords import _STOPWORDS
             return _STOPWORDS['terrier']
         return self.stopwords
 
@@ -262,7 +264,7 @@ class LuceneIndexer(pt.Indexer):
         return f'{self.index_ref!r}.{"toks_indexer" if self.field == "toks" else "indexer"}()'
 
 
-class LuceneRetriever(pt.Transformer):
+class LuceneRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
     """Anserini's search of a :class:`LuceneIndex`: BM25 of ``query`` text, or impact search of ``query_toks``."""
 
     def __init__(self, index: Union[LuceneIndex, str, Path], model: str = 'bm25', *, k1: float = 0.9,
@@ -338,27 +340,6 @@ class LuceneRetriever(pt.Transformer):
                 scores.append(hit.score)
                 ranks.append(rank)
         return inp.iloc[rows].reset_index(drop=True).assign(docno=docnos, score=scores, rank=ranks)
-
-    def fuse_rank_cutoff(self, k: int) -> Optional['LuceneRetriever']:
-        """``retriever % k`` with ``k`` below ``num_results`` becomes a retriever of ``k`` results."""
-        if k < self.num_results:
-            return LuceneRetriever(self.index, self.model, k1=self.k1, b=self.b, num_results=k, threads=self.threads,
-                                   verbose=self.verbose)
-        return None
-
-    def _key(self):
-        return str(self.index.path), self.model, self.k1, self.b, self.num_results
-
-    def __eq__(self, other):
-        return isinstance(other, LuceneRetriever) and self._key() == other._key()
-
-    def __hash__(self):
-        return hash((LuceneRetriever, *self._key()))
-
-    def __repr__(self):
-        if self.model == 'bm25':
-            return f'{self.index!r}.bm25(k1={self.k1}, b={self.b}, num_results={self.num_results})'
-        return f'{self.index!r}.impact(num_results={self.num_results})'
 
 
 def _impact_query(toks: Dict[str, float], scale: float, autoclass):

@@ -17,6 +17,7 @@ import pyterrier as pt
 
 from pyterrier_multiquery._device import resolve_device
 from pyterrier_multiquery._extras import requires
+from pyterrier_multiquery._transformer import DerivedIdentity
 
 
 class Encoded(NamedTuple):
@@ -140,7 +141,7 @@ def _label(encoder: MultiVectorEncoder, side: str) -> str:
     return f"{getattr(encoder, 'schematic', {}).get('label', type(encoder).__name__)} {side}"
 
 
-class MultiVectorQueryEncoder(pt.Transformer):
+class MultiVectorQueryEncoder(DerivedIdentity, pt.Transformer):
     """The query side of a :class:`MultiVectorEncoder`: adds ``query_embs`` (and ``query_toks``); each distinct
     query is encoded once."""
 
@@ -165,19 +166,11 @@ class MultiVectorQueryEncoder(pt.Transformer):
     def __repr__(self):
         return f'{self.encoder!r}.query_encoder()'
 
-    def __eq__(self, other):
-        if not isinstance(other, MultiVectorQueryEncoder):
-            return NotImplemented
-        return (self.encoder, self.verbose, self.batch_size) == (other.encoder, other.verbose, other.batch_size)
-
-    def __hash__(self):
-        return hash((MultiVectorQueryEncoder, self.encoder, self.verbose, self.batch_size))
-
     def subtransformers(self):
         return {}  # the encoder is the factory, not a stage of this transformer
 
 
-class MultiVectorDocEncoder(pt.Transformer):
+class MultiVectorDocEncoder(DerivedIdentity, pt.Transformer):
     """The document side of a :class:`MultiVectorEncoder`: adds ``doc_embs`` (and ``toks``)."""
 
     def __init__(self, encoder: MultiVectorEncoder, verbose: Optional[bool] = None, batch_size: Optional[int] = None,
@@ -207,15 +200,6 @@ class MultiVectorDocEncoder(pt.Transformer):
 
     def __repr__(self):
         return f'{self.encoder!r}.doc_encoder()'
-
-    def __eq__(self, other):
-        if not isinstance(other, MultiVectorDocEncoder):
-            return NotImplemented
-        return ((self.encoder, self.verbose, self.batch_size, self.text_field)
-                == (other.encoder, other.verbose, other.batch_size, other.text_field))
-
-    def __hash__(self):
-        return hash((MultiVectorDocEncoder, self.encoder, self.verbose, self.batch_size, self.text_field))
 
     def subtransformers(self):
         return {}  # the encoder is the factory, not a stage of this transformer

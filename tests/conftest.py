@@ -1,6 +1,8 @@
+import importlib.metadata
 import os
 from pathlib import Path
 
+import pyterrier as pt
 import pytest
 
 
@@ -32,3 +34,19 @@ def save_tiny_bert(tmp_path_factory):
                                 sep_token='[SEP]', mask_token='[MASK]').save_pretrained(path)
         return path
     return save
+
+
+@pytest.fixture
+def declared_entry_points(monkeypatch):
+    """``pt.utils.entry_points('pyterrier.artifact')`` as this checkout's pyproject.toml declares them (the installed
+    metadata may be another checkout's)."""
+    import tomllib
+    declared = tomllib.loads((Path(__file__).resolve().parents[1] / 'pyproject.toml').read_text())
+    declared = declared['project']['entry-points']['pyterrier.artifact']
+    installed = pt.utils.entry_points
+
+    def entry_points(group):
+        if group == 'pyterrier.artifact':
+            return tuple(importlib.metadata.EntryPoint(name, value, group) for name, value in declared.items())
+        return installed(group)
+    monkeypatch.setattr(pt.utils, 'entry_points', entry_points)

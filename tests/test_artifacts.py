@@ -26,18 +26,6 @@ WORDS = ['who', 'won', 'the', 'cup', 'in', 'year', 'which', 'city', 'cats', 'hea
 KINDS = ('amer', 'encoder_amer', 'jpr', 'diffretriever')
 
 
-@pytest.fixture
-def declared_entry_points(monkeypatch):
-    """``pt.utils.entry_points('pyterrier.artifact')`` as this checkout's pyproject.toml declares them."""
-    installed = pt.utils.entry_points
-
-    def entry_points(group):
-        if group == 'pyterrier.artifact':
-            return tuple(importlib.metadata.EntryPoint(name, value, group) for name, value in DECLARED.items())
-        return installed(group)
-    monkeypatch.setattr(pt.utils, 'entry_points', entry_points)
-
-
 @pytest.fixture(scope='module')
 def tiny_bert(save_tiny_bert):
     """A random 2-layer BERT with a word-level tokenizer over this module's words, saved as a checkpoint."""
@@ -101,10 +89,44 @@ def test_artifact_load_round_trip(kind, tiny_bert, tmp_path, declared_entry_poin
 
 
 def test_entry_points_name_the_types_of_their_classes():
+    from pyterrier_multiquery.cdp.training import BI_ENCODER_ARTIFACT, load_bi_encoder
     for name, value in DECLARED.items():
         target = importlib.metadata.EntryPoint(name, value, 'pyterrier.artifact').load()
+        if target is load_bi_encoder:  # a bi-encoder loads as pyterrier_dr's SBertBiEncoder, which has no type
+            assert name == '.'.join(BI_ENCODER_ARTIFACT)
+            continue
         cls = getattr(target, '__self__', target)  # a model's entry point is its `load`
         assert name == f'{cls.ARTIFACT_TYPE}.{cls.ARTIFACT_FORMAT}'
+
+
+def test_every_artifact_class_of_the_package_has_an_entry_point():
+    """Each class that writes a ``pt_meta.json`` type and format (indexes, trained models) is loadable by
+    ``pt.Artifact.load``: its ``type.format`` is declared."""
+    import importlib
+    import pkgutil
+
+    import pyterrier_multiquery
+    classes = set()
+    for module in pkgutil.walk_packages(pyterrier_multiquery.__path__, 'pyterrier_multiquery.'):
+        if '.experiment' in module.name:
+            continue
+        for value in vars(importlib.import_module(module.name)).values():
+            declares = isinstance(value, type) and value.__module__ == module.name and \
+                ('ARTIFACT_TYPE' in vars(value) or 'ARTIFACT_FORMAT' in vars(value))
+            if declares and isinstance(getattr(value, 'ARTIFACT_TYPE', None), str):  # not the bases without a type
+                classes.add(value)
+    assert len(classes) >= 7, classes
+    missing = sorted(f'{c.__module__}.{c.__name__} ({c.ARTIFACT_TYPE}.{c.ARTIFACT_FORMAT})' for c in classes
+                     if f'{c.ARTIFACT_TYPE}.{c.ARTIFACT_FORMAT}' not in DECLARED)
+    assert missing == []
+
+
+def test_a_lucene_index_loads_as_an_artifact(tmp_path, declared_entry_points):
+    from pyterrier_multiquery.lucene import LuceneIndex
+    (tmp_path / 'bm25.lucene').mkdir()
+    (tmp_path / 'bm25.lucene' / 'pt_meta.json').write_text(json.dumps({'type': 'sparse_index', 'format': 'lucene',
+                                                                      'contents': 'text'}))
+    assert pt.Artifact.load(str(tmp_path / 'bm25.lucene')) == LuceneIndex(tmp_path / 'bm25.lucene')
 
 
 def weights_of(folder: Path) -> Path:

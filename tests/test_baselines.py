@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -6,7 +7,8 @@ import pyterrier as pt
 import pytest
 from ir_measures import AP, nDCG
 
-from pyterrier_multiquery.baselines import MMR, build_once, pisa_bm25
+from pyterrier_multiquery._files import build_once
+from pyterrier_multiquery.baselines import MMR, bm25
 from pyterrier_multiquery.loaders import load_dataset
 
 
@@ -117,9 +119,31 @@ def test_build_once_leaves_nothing_after_an_interrupted_build(tmp_path):
     assert len(calls) == 1 and target.is_dir()
 
 
+def test_build_once_overwrite_replaces_the_folder_when_the_new_one_is_complete(tmp_path):
+    target = tmp_path / 'index'
+    build_once(target, lambda folder: os.makedirs(folder) or (Path(folder) / 'old').touch())
+
+    def failing(folder):
+        os.makedirs(folder)
+        raise RuntimeError('build failed')
+
+    with pytest.raises(RuntimeError, match='build failed'):
+        build_once(target, failing, overwrite=True)
+    assert sorted(p.name for p in target.iterdir()) == ['old']  # a failed rebuild leaves the old folder
+    build_once(target, lambda folder: os.makedirs(folder) or (Path(folder) / 'new').touch(), overwrite=True)
+    assert sorted(p.name for p in target.iterdir()) == ['new']
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['index']  # no leftovers beside it
+
+
+def test_bm25_rejects_an_unknown_engine(tmp_path):
+    with pytest.raises(ValueError, match="engine must be one of \\('pisa', 'lucene'\\), got 'terrier'"):
+        bm25(tmp_path / 'index', lambda: [], engine='terrier')
+    assert not (tmp_path / 'index').exists()
+
+
 def test_bm25_vaswani_regression(data_dir, tmp_path):
     dataset = load_dataset(data_dir / 'vaswani')
-    bm25 = pisa_bm25(tmp_path / 'pisa', lambda: dataset.get_corpus_iter(verbose=False))
-    table = pt.Experiment([bm25], dataset.get_topics(), dataset.get_qrels(), eval_metrics=[AP, nDCG@10])
+    retriever = bm25(tmp_path / 'pisa', lambda: dataset.get_corpus_iter(verbose=False))
+    table = pt.Experiment([retriever], dataset.get_topics(), dataset.get_qrels(), eval_metrics=[AP, nDCG@10])
     assert table['AP'].iloc[0] == pytest.approx(0.3053, abs=0.001)
     assert table['nDCG@10'].iloc[0] == pytest.approx(0.4667, abs=0.001)

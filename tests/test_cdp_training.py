@@ -47,7 +47,7 @@ def test_synthetic_pairs_take_the_first_m_queries(documents):
     assert len(synthetic_pairs(documents)) == 6
 
 
-def test_training_pulls_queries_to_their_documents_and_saves(tiny_sbert, documents, tmp_path):
+def test_training_pulls_queries_to_their_documents_and_saves(tiny_sbert, documents, tmp_path, declared_entry_points):
     from sentence_transformers import SentenceTransformer
     pairs = synthetic_pairs(documents)
 
@@ -64,6 +64,13 @@ def test_training_pulls_queries_to_their_documents_and_saves(tiny_sbert, documen
     after = margin(SentenceTransformer(str(out), device='cpu'))
     assert after > before + 0.05, (before, after)
     assert not any(p.name.startswith('.trained') for p in tmp_path.iterdir())  # no temporary folder left
+    import pyterrier as pt
+    from pyterrier_dr import SBertBiEncoder
+    loaded = pt.Artifact.load(str(out))  # through the bi_encoder.sentence_transformers entry point
+    assert type(loaded) is SBertBiEncoder
+    np.testing.assert_allclose(loaded.encode_queries(['q a b']),
+                               SentenceTransformer(str(out), device='cpu').encode(['q a b']),
+                               atol=1e-5)
 
 
 def test_training_rejects_too_few_pairs(tiny_sbert, tmp_path):

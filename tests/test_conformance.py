@@ -183,7 +183,7 @@ CASES: Dict[str, Callable[[Resources], Case]] = {
         [['qid', 'query_embs']], ['qid', 'query_embs', 'docno', 'docid', 'score', 'rank'], queries(True),
         cutoff='num_results'),
     'MaxSimScorer': lambda r: Case(
-        lambda **kw: r.index.maxsim_scorer(**kw), {'aggregate': 'sum'},
+        lambda **kw: r.index.scorer(**kw), {'aggregate': 'sum'},
         [['qid', 'docno', 'query_embs']], ['qid', 'docno', 'query_embs', 'score', 'rank'], maxsim_scorer_sample()),
     'MeanRetriever': lambda r: Case(
         lambda **kw: r.index.mean_retriever(**{'num_results': 4, **kw}), {'normalise': True},

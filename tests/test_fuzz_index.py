@@ -164,7 +164,7 @@ def test_scorer_on_random_result_frames(index, queries, picks, dropped):
     frame = pd.DataFrame({'qid': [qid for qid, _ in rows], 'query': 'text', 'docno': [d for _, d in rows],
                           'score': 0., 'query_embs': pd.Series([queries[q][0] for q, _ in rows], dtype=object)})
     frame = frame.drop(columns=sorted(dropped))
-    scorer = index.maxsim_scorer()
+    scorer = index.scorer()
     if {'qid', 'docno', 'query_embs'} & dropped:
         with pytest.raises(pt.validate.InputValidationError):
             scorer(frame)

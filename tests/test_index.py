@@ -222,7 +222,7 @@ def test_empty_frames(collection):
                       index.mean_retriever(), index.multiquery_retriever()):
         out = retriever(empty)
         assert len(out) == 0 and {'qid', 'docno', 'score', 'rank'} <= set(out.columns), retriever
-    scored = index.maxsim_scorer()(pd.DataFrame(columns=['qid', 'query', 'docno', 'score', 'rank', 'query_embs']))
+    scored = index.scorer()(pd.DataFrame(columns=['qid', 'query', 'docno', 'score', 'rank', 'query_embs']))
     assert len(scored) == 0
 
 
@@ -266,12 +266,12 @@ def test_maxsim_scorer_rescoring(collection):
     query = np.random.default_rng(5).normal(size=(4, 16)).astype(np.float32)
     frame = pd.DataFrame({'qid': 'q0', 'query': 'x', 'docno': ['d3', 'd7', 'd1'], 'score': [0., 0., 0.],
                           'query_embs': [query] * 3})
-    out = index.maxsim_scorer()(frame)
+    out = index.scorer()(frame)
     expected = brute_force([docs[3], docs[7], docs[1]], query)
     assert list(out.sort_values('rank')['docno']) == [['d3', 'd7', 'd1'][j] for j in np.argsort(-expected)]
     np.testing.assert_allclose(out.set_index('docno').loc[['d3', 'd7', 'd1'], 'score'], expected, rtol=1e-5)
     with pytest.raises(KeyError, match="docno 'nope' is not in the index"):
-        index.maxsim_scorer()(frame.assign(docno=['d3', 'nope', 'd1']))
+        index.scorer()(frame.assign(docno=['d3', 'nope', 'd1']))
 
 
 def test_rank_cutoff_fuses_and_equality(collection):
@@ -352,7 +352,7 @@ def test_non_finite_vectors_are_named(collection, tmp_path):
         topics = topics_frame([np.ones((1, 16)), query])
         scored = pd.DataFrame({'qid': 'q1', 'query': 'x', 'docno': ['d0'], 'score': [0.], 'query_embs': [query]})
         cases = ((index.maxsim_retriever(), topics), (index.maxsim_retriever(exact=False, ann='flat'), topics),
-                 (index.mean_retriever(), topics), (index.maxsim_scorer(), scored),
+                 (index.mean_retriever(), topics), (index.scorer(), scored),
                  *((index.multiquery_retriever(merge), topics) for merge in ('round_robin', 'score_sum', 'rrf')))
         for transformer, frame in cases:
             with pytest.raises(ValueError, match="query 'q1': query_embs has non-finite values"):

@@ -95,7 +95,7 @@ def test_multiquery_mean_and_scorer_equal_one_index(indexes):
         pd.testing.assert_frame_equal(index.mean_retriever(num_results=15)(queries),
                                       whole.mean_retriever(num_results=15)(queries))
         results = whole.maxsim_retriever(num_results=40)(queries).assign(score=0.)
-        pd.testing.assert_frame_equal(index.maxsim_scorer()(results), whole.maxsim_scorer()(results))
+        pd.testing.assert_frame_equal(index.scorer()(results), whole.scorer()(results))
 
 
 def test_duplicate_docnos_across_shards_are_refused(tmp_path):

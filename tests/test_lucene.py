@@ -9,7 +9,7 @@ import pyterrier as pt
 import pytest
 from ir_measures import AP
 
-from pyterrier_multiquery.baselines import lucene_bm25, pisa_bm25
+from pyterrier_multiquery.baselines import bm25 as build_bm25
 from pyterrier_multiquery.loaders import load_dataset
 from pyterrier_multiquery.lucene import LuceneIndex, LuceneRetriever, find_java_home, java_version
 
@@ -95,7 +95,7 @@ def test_equality_repr_and_rank_cutoff(tmp_path):
     same = LuceneRetriever(str(index), num_results=100)
     assert bm25 == same and hash(bm25) == hash(same)
     assert bm25 != LuceneIndex(index).bm25(k1=1.2, num_results=100)
-    assert repr(bm25) == f'LuceneIndex({str(index)!r}).bm25(k1=0.9, b=0.4, num_results=100)'
+    assert repr(bm25) == f'LuceneRetriever(LuceneIndex({str(index)!r}), num_results=100)'
     assert (bm25 % 10).compile() == LuceneIndex(index).bm25(num_results=10)
     assert (bm25 % 500).compile() != bm25  # a larger cutoff stays a cutoff
 
@@ -104,8 +104,8 @@ def test_equality_repr_and_rank_cutoff(tmp_path):
 def test_vaswani_bm25_matches_pisa(data_dir, tmp_path):
     """Lucene's BM25 (Porter, Terrier's stopwords) against PISA's (Porter2, Terrier's stopwords): MAP within 0.01."""
     dataset = load_dataset(data_dir / 'vaswani')
-    pisa = pisa_bm25(tmp_path / 'pisa', lambda: dataset.get_corpus_iter(verbose=False))
-    lucene = lucene_bm25(tmp_path / 'lucene', lambda: dataset.get_corpus_iter(verbose=False))
+    pisa = build_bm25(tmp_path / 'pisa', lambda: dataset.get_corpus_iter(verbose=False))
+    lucene = build_bm25(tmp_path / 'lucene', lambda: dataset.get_corpus_iter(verbose=False), engine='lucene')
     topics = dataset.get_topics()
     run = lucene(topics)
     assert list(run.columns[:5]) == ['qid', 'query', 'docno', 'score', 'rank']

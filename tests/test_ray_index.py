@@ -84,13 +84,13 @@ def test_every_retriever_ranks_and_scores_as_one_process(indexes, kind):
 def test_the_scorer_scores_as_one_process_and_names_an_unknown_docno(indexes):
     sharded, over_ray = indexes
     results = sharded.maxsim_retriever(num_results=60)(topics()).assign(score=0.)
-    expected = sharded.maxsim_scorer()(results)
+    expected = sharded.scorer()(results)
     numbers = expected['docno'].str[1:].astype(int)
     assert numbers.min() < 50 and numbers.max() >= 100  # documents of the first and the last shard
     for index in over_ray.values():
-        pd.testing.assert_frame_equal(index.maxsim_scorer()(results), expected, check_exact=True)
+        pd.testing.assert_frame_equal(index.scorer()(results), expected, check_exact=True)
         with pytest.raises(KeyError, match="docno 'nope' is not in the index"):
-            index.maxsim_scorer()(results.assign(docno=results['docno'].where(results.index != 7, 'nope')))
+            index.scorer()(results.assign(docno=results['docno'].where(results.index != 7, 'nope')))
 
 
 def test_a_one_shard_index_over_ray(ray, tmp_path):

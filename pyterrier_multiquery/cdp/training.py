@@ -1,4 +1,5 @@
 """Training a single-vector bi-encoder on synthetic (generated query, document) pairs, as CDP does."""
+import json
 import tempfile
 from pathlib import Path
 from typing import Optional, Union
@@ -8,6 +9,10 @@ import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building
+
+#: ``(type, format)`` in the ``pt_meta.json`` of a bi-encoder saved by :func:`train_bi_encoder`, through which
+#: ``pt.Artifact.load`` finds :func:`load_bi_encoder`.
+BI_ENCODER_ARTIFACT = ('bi_encoder', 'sentence_transformers')
 
 
 def synthetic_pairs(documents: pd.DataFrame, num_queries: Optional[int] = None) -> pd.DataFrame:
@@ -90,5 +95,21 @@ def train_bi_encoder(pairs: pd.DataFrame, model: Union[str, Path], output: Union
     if state.is_main_process:
         with building(output) as tmp:
             encoder.save_pretrained(str(tmp), create_model_card=False)   # the card records the training time
+            artifact, form = BI_ENCODER_ARTIFACT
+            (tmp / 'pt_meta.json').write_text(json.dumps({'type': artifact, 'format': form,
+                                                          'package_hint': 'pyterrier-multiquery'}))
     state.wait_for_everyone()
     return Path(output)
+
+
+def load_bi_encoder(path: Union[str, Path], **kwargs) -> pt.Transformer:
+    """A bi-encoder saved by :func:`train_bi_encoder`, as pyterrier_dr's ``SBertBiEncoder`` (what
+    ``pt.Artifact.load(path)`` returns for its folder).
+
+    Args:
+        path: The saved model's folder.
+        kwargs: ``SBertBiEncoder``'s settings (``batch_size``, ``device``, ``verbose``).
+    """
+    with requires('dense'):
+        from pyterrier_dr import SBertBiEncoder
+    return SBertBiEncoder(str(path), **kwargs)

@@ -5,6 +5,8 @@ from typing import List
 import pandas as pd
 import pyterrier as pt
 
+from pyterrier_multiquery._transformer import DerivedIdentity
+
 
 def min_max(scores: pd.Series) -> pd.Series:
     """``(s - min) / (max - min)`` within one list; all ones when every score is equal."""
@@ -14,7 +16,7 @@ def min_max(scores: pd.Series) -> pd.Series:
     return (scores - low) / (high - low)
 
 
-class HybridRetriever(pt.Transformer):
+class HybridRetriever(DerivedIdentity, pt.Transformer):
     """Runs ``first`` and ``second`` on the same queries, keeps each one's top ``num_results``, min-max normalises
     each list per query and scores ``weight * first + (1 - weight) * second`` (a document missing from one list
     counts 0 on that side). DiffRetriever's hybrid is dense MaxSim and sparse with ``weight=0.5``.
@@ -55,13 +57,3 @@ class HybridRetriever(pt.Transformer):
         merged = merged.groupby('qid', sort=False).head(self.num_results).reset_index(drop=True)
         merged['rank'] = merged.groupby('qid', sort=False).cumcount()
         return merged[query_cols + ['docno', 'score', 'rank']]
-
-    def __eq__(self, other):
-        return isinstance(other, HybridRetriever) and (other.first, other.second, other.weight, other.num_results) == \
-            (self.first, self.second, self.weight, self.num_results)
-
-    def __hash__(self):
-        return hash((HybridRetriever, self.first, self.second, self.weight, self.num_results))
-
-    def __repr__(self):
-        return f'HybridRetriever({self.first!r}, {self.second!r}, weight={self.weight}, num_results={self.num_results})'

@@ -5,6 +5,7 @@ from typing import Dict, List
 import numpy as np
 
 from pyterrier_multiquery._extras import requires
+from pyterrier_multiquery._files import build_once
 
 
 def sparse_weights(logits):
@@ -53,19 +54,17 @@ def _marks_word_starts(tokenizer) -> bool:
 
 
 def sparse_index(path, encoded_docs, *, overwrite: bool = False):
-    """A pyterrier-pisa index (no stemming) of the ``toks`` weights of documents that went through a doc encoder."""
-    from pyterrier_pisa import PisaIndex
-    index = PisaIndex(str(path), stemmer='none', overwrite=overwrite)
-    if not index.built():
-        index.toks_indexer().index(encoded_docs)
-    return index
+    """A pyterrier-pisa index (no stemming) of the ``toks`` weights of documents that went through a doc encoder,
+    built at ``path`` unless it is there (or with ``overwrite``)."""
+    with requires('pisa'):
+        from pyterrier_pisa import PisaIndex
+    build_once(path, lambda tmp: PisaIndex(tmp, stemmer='none').toks_indexer().index(encoded_docs), overwrite=overwrite)
+    return PisaIndex(str(path), stemmer='none')
 
 
 def lucene_sparse_index(path, encoded_docs, *, overwrite: bool = False):
     """A Lucene impact index (pyserini, Java 21+) of the ``toks`` weights, quantised as :func:`sparse_index`'s
     (``int(100 w)``); its ``impact()`` retriever scores ``query_toks`` as PISA's ``quantized()`` does."""
     from pyterrier_multiquery.lucene import LuceneIndex
-    index = LuceneIndex(path)
-    if overwrite or not index.built():
-        index.toks_indexer(overwrite=overwrite).index(encoded_docs)
-    return index
+    build_once(path, lambda tmp: LuceneIndex(tmp).toks_indexer().index(encoded_docs), overwrite=overwrite)
+    return LuceneIndex(path)

@@ -6,6 +6,7 @@ job, experiments, notebooks and tests call them rather than assembling pipelines
 functions train a method on a training split once and keep the model in the cache folder, under a name that
 changes with the training data and settings.
 """
+import functools
 import hashlib
 import json
 import os
@@ -17,8 +18,10 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
+from pyterrier_multiquery import baselines
 from pyterrier_multiquery._extras import requires
-from pyterrier_multiquery.baselines import MMR, flex_index, minilm, pisa_bm25
+from pyterrier_multiquery._files import build_once
+from pyterrier_multiquery.baselines import MMR, flex_index, minilm
 from pyterrier_multiquery.experiment.cache import (
     Cache,
     code_fingerprint,
@@ -106,14 +109,15 @@ class DenseFirstStage:
 
 def bm25(dataset, cache: Union[os.PathLike, Cache], *, num_results: int = 1000,
          verbose: bool = True) -> pt.Transformer:
-    """BM25 over a PISA index of ``dataset``'s corpus, a cache entry built once (PISA's log only if verbose)."""
+    """BM25 over a PISA index of ``dataset``'s corpus (:func:`~pyterrier_multiquery.baselines.bm25`), a cache entry
+    built once (PISA's log only if verbose)."""
     from pyterrier_multiquery._quiet import native_output_hidden
     cache = cache if isinstance(cache, Cache) else Cache(cache)
     corpus = lambda: dataset.get_corpus_iter(verbose=verbose)  # noqa: E731
     with native_output_hidden(not verbose):
-        path = cache.get('pisa', lambda tmp: pisa_bm25(tmp, corpus), data=corpus_fingerprint(dataset), settings={},
-                         code=code_fingerprint('pyterrier_multiquery.baselines'))
-        return pisa_bm25(path, corpus, num_results=num_results)
+        path = cache.get('pisa', lambda tmp: baselines.bm25(tmp, corpus), data=corpus_fingerprint(dataset),
+                         settings={}, code=code_fingerprint('pyterrier_multiquery.baselines'))
+        return baselines.bm25(path, corpus, num_results=num_results)
 
 
 def mmr(first_stage: DenseFirstStage, Lambda: float, *, depth: int = 500) -> pt.Transformer:
@@ -236,12 +240,13 @@ def _fit_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Data
         import torch
     from pyterrier_multiquery.amer import AMER, AMERTrainer, EncoderAMERModel
     from pyterrier_multiquery.amer.training import answer_targets
-    from pyterrier_multiquery.experiment.evaluation import per_query, split_by_question
+    from pyterrier_multiquery.experiment.evaluation import per_query
     from pyterrier_multiquery.measures import MRecall
+    from pyterrier_multiquery.training.splits import dev_split
     make_deterministic(seed, threads)
     qrels = qrels[qrels['qid'].isin(set(topics['qid']))]
-    train_qids, dev_qids = split_by_question(qrels, 1. - dev_fraction, seed=seed) if dev_fraction else \
-        (sorted(set(qrels.loc[qrels['label'] > 0, 'qid'])), [])
+    train_qids, dev_qids = dev_split(sorted(set(qrels.loc[qrels['label'] > 0, 'qid'])), dev_fraction, seed=seed)
+    train_qids = sorted(train_qids)  # the trainer draws its own order each epoch
     by_qid = topics.set_index('qid')
     run = first_stage.retriever(hard_negatives)(by_qid.loc[train_qids].reset_index())
     vectors = first_stage.doc_vectors()
@@ -460,19 +465,20 @@ def multivector_retrievers(encoder, corpus: Callable[[], pd.DataFrame], path: os
     if unknown:
         raise ValueError(f'mode must be one of {MULTIVECTOR_MODES}, got {unknown}')
     path = Path(path)
-    dense_index = MultiVectorIndex(path.with_name(path.name + '.mvi'), verbose=False)
-    pisa_path = path.with_name(path.name + '.pisa')
     sparse = any(mode in ('sparse', 'hybrid', 'mean hybrid') for mode in modes)
-    if not dense_index.built() or (sparse and not pisa_path.exists()):
-        docs = encoder.doc_encoder()(pd.DataFrame(corpus()))
-        if not dense_index.built():
-            dense_index.indexer().index(docs[['docno', 'doc_embs']].to_dict(orient='records'))
-        if sparse and not pisa_path.exists():
-            sparse_index(pisa_path, docs[['docno', 'toks']].to_dict(orient='records'))
+    encoded = functools.lru_cache(maxsize=None)(lambda: encoder.doc_encoder()(pd.DataFrame(corpus())))  # once for both
+
+    def records(column: str) -> List[Dict]:
+        return encoded()[['docno', column]].to_dict(orient='records')
+
+    dense_path = build_once(path.with_name(path.name + '.mvi'),
+                            lambda tmp: MultiVectorIndex(tmp, verbose=False).index(records('doc_embs')))
+    dense_index = MultiVectorIndex(dense_path, verbose=False)
     first = {'dense': dense_index.maxsim_retriever(num_results=num_results)}
     if any(mode in ('mean', 'mean hybrid') for mode in modes):
         first['mean'] = dense_index.mean_retriever(num_results=num_results, normalise=True)
     if sparse:
+        pisa_path = build_once(path.with_name(path.name + '.pisa'), lambda tmp: sparse_index(tmp, records('toks')))
         first['sparse'] = sparse_index(pisa_path, []).quantized(num_results=num_results)
         first['hybrid'] = HybridRetriever(first['dense'], first['sparse'], num_results=num_results)
         if 'mean' in first:
@@ -496,7 +502,8 @@ def hard_negative_triples(corpus: pd.DataFrame, topics: pd.DataFrame, qrels: pd.
     """
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
-        run = pisa_bm25(Path(tmp) / 'bm25.pisa', lambda: corpus.to_dict(orient='records'), num_results=depth)(topics)
+        run = baselines.bm25(Path(tmp) / 'bm25.pisa', lambda: corpus.to_dict(orient='records'),
+                             num_results=depth)(topics)
     text = corpus.set_index('docno')['text']
     judged = qrels.groupby('qid')['docno'].apply(set)
     triples = []
@@ -519,19 +526,13 @@ def dense(encoder, corpus: Callable[[], pd.DataFrame], path: os.PathLike, *,
         path: The index folder.
         num_results: Results per query.
     """
-    with requires('dense'):
-        from pyterrier_dr import FlexIndex
-    from pyterrier_multiquery._files import build_once
-
-    def build(folder):
+    def records():
         documents = corpus()
-        stage = FlexIndex(folder, verbose=False).indexer()
-        if 'doc_vec' not in documents.columns:
-            stage = encoder.doc_encoder() >> stage
-        stage.index(documents[['docno', 'doc_vec' if 'doc_vec' in documents.columns else 'text']].to_dict('records'))
+        column = 'doc_vec' if 'doc_vec' in documents.columns else 'text'
+        return documents[['docno', column]].to_dict('records')
 
-    build_once(path, build)
-    return encoder.query_encoder() >> FlexIndex(str(path), verbose=False).np_retriever(num_results=num_results)
+    index = flex_index(path, encoder, records, verbose=False)
+    return encoder.query_encoder() >> index.np_retriever(num_results=num_results)
 
 
 def qaencoder(encoder, documents: pd.DataFrame, path: os.PathLike, method: str = 'emb', *,
@@ -555,9 +556,9 @@ def qaencoder(encoder, documents: pd.DataFrame, path: os.PathLike, method: str =
     if method != 'naive':
         return dense(encoder, lambda: represent(documents), path, num_results=num_results)
     from pyterrier_multiquery.index import MultiVectorIndex
+    build_once(path, lambda tmp: MultiVectorIndex(tmp, verbose=False).index(
+        represent(documents)[['docno', 'doc_embs']].to_dict('records')))
     index = MultiVectorIndex(path, verbose=False)
-    if not index.built():
-        index.indexer().index(represent(documents)[['docno', 'doc_embs']].to_dict('records'))
     as_embs = pt.apply.query_embs(lambda row: np.asarray(row['query_vec'], dtype=np.float32)[None])
     return encoder.query_encoder() >> as_embs >> index.maxsim_retriever(num_results=num_results)
 

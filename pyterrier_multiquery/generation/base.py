@@ -52,6 +52,10 @@ class TextGenerator(ABC):
     def __eq__(self, other):
         return isinstance(other, TextGenerator) and self._key() == other._key()
 
+    def __repr__(self):
+        settings = ''.join(f', {name}={value!r}' for name, value in self.settings().items())
+        return f'{type(self).__name__}({self.model_id!r}{settings})'
+
     def __hash__(self):
         return hash(self._key())
 

@@ -87,9 +87,6 @@ class HuggingFaceGenerator(TextGenerator):
             return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
         return '\n'.join(m['content'] for m in prompt) + '\n'
 
-    def __repr__(self):
-        return f'HuggingFaceGenerator({self.model_id!r}, temperature={self.temperature})'
-
 
 SMOLLM2_GGUF = 'SmolLM2-135M-Instruct.Q4_1.gguf'
 

@@ -5,6 +5,7 @@ from typing import List
 import pandas as pd
 import pyterrier as pt
 
+from pyterrier_multiquery._transformer import DerivedIdentity
 from pyterrier_multiquery.generation.base import TextGenerator
 from pyterrier_multiquery.generation.parsing import parse_queries
 
@@ -34,7 +35,7 @@ QUERY_PROMPTS = {
 }
 
 
-class QueryGenerator(pt.Transformer):
+class QueryGenerator(DerivedIdentity, pt.Transformer):
     """Writes ``querygen``, a list of queries generated for each document's ``text`` (in the manner of
     pyterrier_doc2query), all ``num_queries`` of them asked for in one call."""
     schematic = {'label': 'QueryGenerator'}
@@ -62,18 +63,6 @@ class QueryGenerator(pt.Transformer):
         self.text_field = text_field
         self.max_text_chars = max_text_chars
 
-    def __repr__(self):
-        return f'QueryGenerator({self.generator.model_id!r}, {self.prompt!r}, num_queries={self.num_queries})'
-
-    def _key(self):
-        return self.generator, self.template, self.num_queries, self.text_field, self.max_text_chars
-
-    def __eq__(self, other):
-        return isinstance(other, QueryGenerator) and self._key() == other._key()
-
-    def __hash__(self):
-        return hash((QueryGenerator, self._key()))
-
     def prompts(self, texts: List[str]) -> List[str]:
         """The prompts sent for these document texts."""
         return [self.template.format(text=text[:self.max_text_chars], num_queries=self.num_queries) for text in texts]
@@ -87,7 +76,7 @@ class QueryGenerator(pt.Transformer):
         return out
 
 
-class KeywordExpansion(pt.Transformer):
+class KeywordExpansion(DerivedIdentity, pt.Transformer):
     """LLM keyword query expansion (the AMER paper's baseline): keywords generated for the query are appended
     to it; the original query moves to ``query_0`` (:func:`pyterrier.model.push_queries`)."""
     schematic = {'label': 'KeywordExpansion'}
@@ -104,18 +93,6 @@ class KeywordExpansion(pt.Transformer):
         self.generator = generator
         self.prompt = prompt
         self.max_keywords = max_keywords
-
-    def __repr__(self):
-        return f'KeywordExpansion({self.generator.model_id!r}, max_keywords={self.max_keywords})'
-
-    def _key(self):
-        return self.generator, self.prompt, self.max_keywords
-
-    def __eq__(self, other):
-        return isinstance(other, KeywordExpansion) and self._key() == other._key()
-
-    def __hash__(self):
-        return hash((KeywordExpansion, self._key()))
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pt.validate.query_frame(inp, extra_columns=['query'])

@@ -5,7 +5,7 @@ import uuid
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Tuple, Union
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 import more_itertools
 import numpy as np
@@ -14,15 +14,17 @@ import pyterrier as pt
 import pyterrier_alpha as pta
 
 from pyterrier_multiquery._files import building
+from pyterrier_multiquery._transformer import DerivedIdentity
 from pyterrier_multiquery.index.errors import CorruptIndexError
 
 _DTYPES = {'float32': ('vecs.f4', np.float32), 'float16': ('vecs.f2', np.float16)}
 _CHECKSUMMED = ('offsets.i8', 'docnos.npids')  # the vectors are not: checking them would read the whole corpus
 
 
-class SearchableIndex:
-    """The retrievers of an index whose ``payload()`` gives ``(meta, vectors, offsets, docnos)`` and whose
-    ``shards()`` gives the MultiVectorIndexes holding its documents."""
+class SearchableIndex(DerivedIdentity):
+    """The factory of searches over an index whose ``payload()`` gives ``(meta, vectors, offsets, docnos)`` and whose
+    ``shards()`` gives the MultiVectorIndexes holding its documents, as pyterrier_dr's FlexIndex: ``retriever()``,
+    ``scorer()``, ``docnos()`` and ``get_corpus_iter()``. Two indexes of one class at one path are equal."""
 
     def __len__(self):
         return self.payload()[0]['doc_count']
@@ -31,15 +33,39 @@ class SearchableIndex:
         """Whether a finished index is at ``path``."""
         return (self.path / 'pt_meta.json').exists()
 
-    def maxsim_retriever(self, *, exact: bool = True, **kwargs) -> pt.Transformer:
-        """MaxSim retrieval, exact or over ANN candidates (arguments as :class:`~.maxsim.MaxSimRetriever`)."""
+    def retriever(self, *, exact: bool = True, **kwargs) -> pt.Transformer:
+        """MaxSim retrieval of ``query_embs``, exact or over ANN candidates (arguments as
+        :class:`~.maxsim.MaxSimRetriever`)."""
         from pyterrier_multiquery.index.maxsim import MaxSimRetriever
         return MaxSimRetriever(self, exact=exact, **kwargs)
 
-    def maxsim_scorer(self, **kwargs) -> pt.Transformer:
-        """Exact MaxSim re-scoring of a result frame (arguments as :class:`~.maxsim.MaxSimScorer`)."""
+    #: :meth:`retriever` under the name the experiments and notebooks use.
+    maxsim_retriever = retriever
+
+    def scorer(self, **kwargs) -> pt.Transformer:
+        """Exact MaxSim re-scoring of a result frame with ``query_embs`` (arguments as
+        :class:`~.maxsim.MaxSimScorer`)."""
         from pyterrier_multiquery.index.maxsim import MaxSimScorer
         return MaxSimScorer(self, **kwargs)
+
+    def docnos(self):
+        """The docno lookup of the documents in index order: ``docnos().fwd[i]`` is the docno of document ``i``,
+        ``docnos().inv[docno]`` its position (an :class:`npids.Lookup`)."""
+        return self.payload()[3]
+
+    def get_corpus_iter(self, *, verbose: bool = True) -> Iterator[Dict]:
+        """Yields every document as ``{'docno', 'doc_embs'}`` (float32, read one document at a time), in index
+        order: what the indexer was given, so another index can be built from this one.
+
+        Args:
+            verbose: Whether to show a progress bar.
+        """
+        _, vectors, offsets, docnos = self.payload()
+        documents = range(len(offsets) - 1)
+        if verbose:
+            documents = pt.tqdm(documents, desc=f'{self!r} corpus', unit='doc')
+        for i in documents:
+            yield {'docno': docnos.fwd[i], 'doc_embs': np.asarray(vectors[offsets[i]:offsets[i + 1]], dtype=np.float32)}
 
     def mean_retriever(self, **kwargs) -> pt.Transformer:
         """Retrieval by mean vectors (arguments as :class:`~.mean.MeanRetriever`)."""

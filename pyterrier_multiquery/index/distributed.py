@@ -78,7 +78,7 @@ class RayIndex:
 
     Each actor holds a group of consecutive shards, memory-mapped on its node; a query batch fans out to all of
     them and each returns its shards' top candidates with exact scores, which this process merges. Every retriever
-    of the index is offered (``maxsim_retriever``, exact or approximate, ``maxsim_scorer``, ``mean_retriever``,
+    of the index is offered (``retriever``, exact or approximate, ``scorer``, ``mean_retriever``,
     ``multiquery_retriever``): they run the same code per shard as in one process (:mod:`~.shardwise`), so their
     rankings and scores are the one-process index's exactly.
 
@@ -131,12 +131,15 @@ class RayIndex:
         self.pids = ray.get([a.ready.remote() for a in self.actors])
         self.docnos = _RemoteDocnos(self)
 
-    def maxsim_retriever(self, *, exact: bool = True, **kwargs) -> pt.Transformer:
+    def retriever(self, *, exact: bool = True, **kwargs) -> pt.Transformer:
         """MaxSim retrieval, exact or over ANN candidates (as the index's)."""
         from pyterrier_multiquery.index.maxsim import MaxSimRetriever
         return MaxSimRetriever(self, exact=exact, **kwargs)
 
-    def maxsim_scorer(self, **kwargs) -> pt.Transformer:
+    #: :meth:`retriever` under the index's second name.
+    maxsim_retriever = retriever
+
+    def scorer(self, **kwargs) -> pt.Transformer:
         """Exact MaxSim re-scoring of a result frame (as the index's)."""
         from pyterrier_multiquery.index.maxsim import MaxSimScorer
         return MaxSimScorer(self, **kwargs)

@@ -1,5 +1,4 @@
 """Late-interaction (MaxSim) retrieval and re-scoring over a MultiVectorIndex, in torch on the CPU or a GPU."""
-import copy
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -8,6 +7,7 @@ import pyterrier as pt
 
 from pyterrier_multiquery._device import check_threads, cpu_threads, resolve_device
 from pyterrier_multiquery._extras import requires
+from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff
 
 with requires('dense'):
     import torch
@@ -44,7 +44,7 @@ def maxsim_scores(query, doc_vectors, doc_lengths, aggregate: str):
     return scores / query_lengths[:, None] if aggregate == 'mean' else scores
 
 
-class MaxSimRetriever(pt.Transformer):
+class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
     """Retrieves each query's top ``num_results`` documents by ColBERT-style MaxSim.
 
     ``score(q, d) = agg_i max_j <q_i, d_j>`` over the query's vectors ``q_i`` (``query_embs``) and the document's
@@ -151,31 +151,9 @@ class MaxSimRetriever(pt.Transformer):
                         for first, count in zip(shards.firsts, shards.counts)])
         return [merge_top(parts, self.num_results) for parts in zip(*per_shard)]
 
-    def fuse_rank_cutoff(self, k: int):
-        """``retriever % k`` with ``k`` below ``num_results`` becomes a retriever of ``k`` results."""
-        if k < self.num_results:
-            fused = copy.copy(self)
-            fused.num_results = k
-            return fused
-        return None
-
-    def _key(self):
-        approximate = () if self.exact else (self.ann, self.quantizer, self.candidates, self.search_effort)
-        return (str(self.index.path), self.num_results, self.aggregate, self.exact, approximate, self.drop_query_embs)
-
-    def __eq__(self, other):
-        return isinstance(other, MaxSimRetriever) and self._key() == other._key()
-
-    def __hash__(self):
-        return hash((MaxSimRetriever, self._key()))
-
-    def __repr__(self):
-        mode = 'exact=True' if self.exact else \
-            f'exact=False, ann={self.ann!r}, quantizer={self.quantizer!r}, candidates={self.candidates}'
-        return f'{self.index!r}.maxsim_retriever(num_results={self.num_results}, aggregate={self.aggregate!r}, {mode})'
 
 
-class MaxSimScorer(pt.Transformer):
+class MaxSimScorer(DerivedIdentity, NumResultsCutoff, pt.Transformer):
     """Re-scores an existing result frame (``qid``, ``docno``, ``query_embs``) by exact MaxSim against the index.
 
     A query's vectors are read from its first row (a result frame repeats them on every row of the query).
@@ -235,15 +213,6 @@ class MaxSimScorer(pt.Transformer):
             out = out[out['rank'] < self.num_results].reset_index(drop=True)
         return out
 
-    def __repr__(self):
-        return f'{self.index!r}.maxsim_scorer(aggregate={self.aggregate!r})'
-
-    def __eq__(self, other):
-        return isinstance(other, MaxSimScorer) and (str(self.index.path), self.aggregate, self.num_results) == \
-            (str(other.index.path), other.aggregate, other.num_results)
-
-    def __hash__(self):
-        return hash((MaxSimScorer, str(self.index.path), self.aggregate, self.num_results))
 
 
 def score_documents(query, docids: np.ndarray, vectors, offsets: np.ndarray, aggregate: str) -> np.ndarray:

@@ -1,15 +1,13 @@
 """The mean-pooling ablation: one mean vector per document and per query, searched by inner product."""
-from typing import Optional
 
 import numpy as np
 import pandas as pd
 import pyterrier as pt
 
-from pyterrier_multiquery._extras import requires
-from pyterrier_multiquery._files import build_once
+from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff
 
 
-class MeanRetriever(pt.Transformer):
+class MeanRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
     """Retrieves by the inner product of the query's mean vector and each document's mean vector.
 
     The document means are written once to a pyterrier_dr FlexIndex inside the index folder (``mean.flex``, or
@@ -33,16 +31,13 @@ class MeanRetriever(pt.Transformer):
 
     def flex_index(self):
         """The FlexIndex of document means, built the first time it is needed."""
-        with requires('dense'):
-            from pyterrier_dr import FlexIndex
+        from pyterrier_multiquery.baselines import flex_index
         path = self.index.path / ('mean-normalised.flex' if self.normalise else 'mean.flex')
-        build_once(path, lambda tmp: FlexIndex(tmp, verbose=self.verbose).index(self._document_means()))
-        return FlexIndex(str(path), verbose=self.verbose)
+        return flex_index(path, None, self._document_means, verbose=self.verbose)
 
     def _document_means(self):
-        _, vectors, offsets, docnos = self.index.payload()
-        for docid in range(len(offsets) - 1):
-            yield {'docno': docnos.fwd[docid], 'doc_vec': self._pool(vectors[offsets[docid]:offsets[docid + 1]])}
+        for document in self.index.get_corpus_iter(verbose=False):
+            yield {'docno': document['docno'], 'doc_vec': self._pool(document['doc_embs'])}
 
     def _pool(self, embs) -> np.ndarray:
         mean = np.asarray(embs, dtype=np.float32).mean(axis=0)
@@ -63,18 +58,3 @@ class MeanRetriever(pt.Transformer):
             results = [merge_top(parts, self.num_results) for parts in zip(*per_shard)]
         return result_frame(inp, results, shards.docnos)
 
-    def fuse_rank_cutoff(self, k: int) -> Optional['MeanRetriever']:
-        """``retriever % k`` with ``k`` below ``num_results`` becomes a retriever of ``k`` results."""
-        if k < self.num_results:
-            return MeanRetriever(self.index, num_results=k, normalise=self.normalise, verbose=self.verbose)
-        return None
-
-    def __eq__(self, other):
-        return isinstance(other, MeanRetriever) and (str(self.index.path), self.num_results, self.normalise) == \
-            (str(other.index.path), other.num_results, other.normalise)
-
-    def __hash__(self):
-        return hash((MeanRetriever, str(self.index.path), self.num_results, self.normalise))
-
-    def __repr__(self):
-        return f'{self.index!r}.mean_retriever(num_results={self.num_results}, normalise={self.normalise})'

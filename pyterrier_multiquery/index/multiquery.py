@@ -1,10 +1,11 @@
 """Retrieval where each query vector searches on its own and the lists are merged (AMER's multi-query search)."""
-import copy
 from typing import List, Optional
 
 import numpy as np
 import pandas as pd
 import pyterrier as pt
+
+from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff
 
 MERGES = ('round_robin', 'score_sum', 'rrf')
 
@@ -22,7 +23,7 @@ def round_robin(lists: List[List[str]], num_results: int) -> List[str]:
     return merged
 
 
-class MultiQueryRetriever(pt.Transformer):
+class MultiQueryRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
     """Each row of ``query_embs`` retrieves its own list (MaxSim of one vector: its best match in a document);
     the lists are merged round-robin without duplicates (AMER), by summed scores, or by reciprocal-rank fusion.
 
@@ -52,6 +53,7 @@ class MultiQueryRetriever(pt.Transformer):
         self.per_vector_results = per_vector_results or num_results
         self.rrf_k = rrf_k
         self.verbose = verbose
+        self.maxsim_args = maxsim_args
         self.retriever = index.maxsim_retriever(num_results=self.per_vector_results, drop_query_embs=True,
                                                 verbose=verbose, **maxsim_args)
 
@@ -96,22 +98,3 @@ class MultiQueryRetriever(pt.Transformer):
         return out.assign(docno=merged['docno'].to_numpy(), score=merged['score'].to_numpy(dtype=float),
                           rank=merged['rank'].to_numpy(dtype=int))
 
-    def fuse_rank_cutoff(self, k: int):
-        """``retriever % k`` keeps the merged top ``k`` (the per-vector lists stay as long)."""
-        if k < self.num_results:
-            fused = copy.copy(self)
-            fused.num_results = k
-            return fused
-        return None
-
-    def _key(self):
-        return (self.merge, self.num_results, self.per_vector_results, self.rrf_k, self.retriever._key())
-
-    def __eq__(self, other):
-        return isinstance(other, MultiQueryRetriever) and self._key() == other._key()
-
-    def __hash__(self):
-        return hash((MultiQueryRetriever, self._key()))
-
-    def __repr__(self):
-        return f'{self.index!r}.multiquery_retriever(merge={self.merge!r}, num_results={self.num_results})'

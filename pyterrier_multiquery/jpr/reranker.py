@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from pyterrier_multiquery.jpr.model import JPRModel
 
 from pyterrier_multiquery._extras import requires
+from pyterrier_multiquery._transformer import DerivedIdentity
 from pyterrier_multiquery.jpr.decoding import Decoded, independent_decode, seq_decode, tree_decode
 
 DECODERS = ('tree', 'seq', 'independent')
@@ -21,7 +22,7 @@ def index_order(qid: str, count: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng([seed, zlib.crc32(str(qid).encode())]).permutation(count)
 
 
-class JPR(pt.Transformer):
+class JPR(DerivedIdentity, pt.Transformer):
     """Joint passage reranking: picks ``k`` of each query's top ``num_candidates`` passages one after another.
 
     Input: a result frame with ``query``, ``text`` and ``score``. Output: the chosen passages in selection order,
@@ -120,24 +121,9 @@ class JPR(pt.Transformer):
         ``append_rest``, a cutoff at or past ``k`` cuts the appended passages and stays a cutoff (None)."""
         if k >= self.k:
             return None if self.append_rest else self
-        return self.__class__(**{**self._arguments(), 'k': k, 'append_rest': False})
+        return pt.inspect.transformer_apply_attributes(self, k=k, append_rest=False)
 
-    def _arguments(self):
-        arguments = {'model': self.model, 'k': self.k, 'num_candidates': self.num_candidates, 'beta': self.beta,
-                     'seed': self.seed, 'device': self.device, 'state_cache': self.state_cache,
-                     'append_rest': self.append_rest, 'verbose': self.verbose}
-        return arguments if isinstance(self, IndepPR) else {**arguments, 'decode': self.decode}
-
-    def _key(self):
-        return (id(self.model), self.k, self.num_candidates, self.decode, self.beta, self.seed, self.append_rest)
-
-    def __eq__(self, other):
-        return type(other) is type(self) and self._key() == other._key()
-
-    def __hash__(self):
-        return hash((type(self), self._key()))
-
-    def __repr__(self):
+    def __repr__(self):  # the derived one would print the whole network
         decode = '' if isinstance(self, IndepPR) else f', decode={self.decode!r}'
         rest = ', append_rest=True' if self.append_rest else ''
         return (f'{type(self).__name__}(k={self.k!r}, num_candidates={self.num_candidates!r}{decode}, '

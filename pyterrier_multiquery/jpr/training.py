@@ -12,6 +12,7 @@ from pyterrier_multiquery.jpr.oracle import greedy_answer_cover, gumbel_top_k
 from pyterrier_multiquery.jpr.reranker import index_order
 from pyterrier_multiquery.training.departure import DEPARTURE_GRID, choose_departure
 from pyterrier_multiquery.training.distributed import DataParallel
+from pyterrier_multiquery.training.splits import dev_split
 
 with requires('dense'):
     import torch
@@ -353,8 +354,6 @@ def train_jpr(results: pd.DataFrame, qrels: pd.DataFrame, encoder: Union[str, Pa
             the rerankers).
         verbose: Whether to show progress.
     """
-    if not 0. <= dev_fraction < 1.:
-        raise ValueError(f'dev_fraction must lie in [0, 1), got {dev_fraction}')
     if departure == 'one_se' and (not dev_fraction or not prior):
         raise ValueError("departure='one_se' chooses the weight on held-out questions of a model with a prior: give "
                          'dev_fraction > 0 and prior=True')
@@ -365,9 +364,7 @@ def train_jpr(results: pd.DataFrame, qrels: pd.DataFrame, encoder: Union[str, Pa
     qids = [q for q in examples if any(examples[q].answers)]
     if not qids:
         raise ValueError('no training question has a candidate that supports an answer')
-    shuffled = np.random.default_rng(seed).permutation(len(qids))
-    dev_qids = [qids[i] for i in shuffled[:int(round(len(qids) * dev_fraction))]]
-    train_qids = [qids[i] for i in shuffled[len(dev_qids):]]
+    train_qids, dev_qids = dev_split(qids, dev_fraction, seed=seed)
     torch.manual_seed(seed)
     model = JPRModel(encoder, decoder_layers=decoder_layers, max_length=max_length, prior=prior)
     trainer = JPRTrainer(model, mode=mode, k=k, gamma=gamma,

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
+from pyterrier_multiquery._transformer import DerivedIdentity
 from pyterrier_multiquery._vectors import normalise
 
 METHODS = ('base', 'emb', 'txt', 'hyb', 'naive')
@@ -55,7 +56,7 @@ def query_lists(docnos: Iterable[str], querygen: Iterable) -> List[List[str]]:
     return lists
 
 
-class QAEncoder(pt.Transformer):
+class QAEncoder(DerivedIdentity, pt.Transformer):
     """Encodes documents (``docno``, ``text``, ``querygen``) with a pyterrier_dr bi-encoder, the QAEncoder way.
 
     Generated queries are encoded with the bi-encoder's query side, documents (and documents with queries
@@ -97,18 +98,6 @@ class QAEncoder(pt.Transformer):
         self.include_document = include_document
         self.seed = seed
         self.verbose = verbose
-
-    def __repr__(self):
-        return (f'QAEncoder({self.encoder!r}, {self.method!r}, alpha={self.alpha}, beta={self.beta}'
-                + (', include_document=True' if self.include_document else '') + ')')
-
-    def __eq__(self, other):
-        return isinstance(other, QAEncoder) and (self.encoder, self.method, self.alpha, self.beta,
-                                                 self.include_document, self.seed) == \
-            (other.encoder, other.method, other.alpha, other.beta, other.include_document, other.seed)
-
-    def __hash__(self):
-        return hash(('QAEncoder', self.method, self.alpha, self.beta, self.include_document, self.seed))
 
     @property
     def output_column(self) -> str:

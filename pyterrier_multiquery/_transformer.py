@@ -1,0 +1,51 @@
+"""``__repr__``, ``__eq__``, ``__hash__`` and ``fuse_rank_cutoff`` derived from a transformer's constructor
+arguments, as PyTerrier reads them (:func:`pyterrier.inspect.transformer_attributes`), instead of written per class."""
+import os
+from typing import Optional, Tuple
+
+import pyterrier as pt
+import pyterrier_alpha as pta
+
+#: Constructor arguments that change how a transformer shows its work, never what it returns.
+PRESENTATION = ('verbose',)
+
+
+def attribute_key(transformer) -> Tuple:
+    """The constructor arguments of ``transformer`` (but :data:`PRESENTATION`) as a hashable tuple; paths compare
+    as strings, lists and dicts by content, other values as they are (models by identity)."""
+    return tuple((attribute.name, _hashable(attribute.value))
+                 for attribute in pt.inspect.transformer_attributes(transformer)
+                 if attribute.name not in PRESENTATION)
+
+
+def _hashable(value):
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value
+
+
+class DerivedIdentity:
+    """``__repr__`` (pyterrier_alpha's ``transformer_repr``), ``__eq__`` and ``__hash__`` from the constructor
+    arguments: two instances of one class built with the same arguments are equal."""
+    __repr__ = pta.transformer_repr
+
+    def __eq__(self, other):
+        return type(other) is type(self) and attribute_key(self) == attribute_key(other)
+
+    def __hash__(self):
+        return hash((type(self), attribute_key(self)))
+
+
+class NumResultsCutoff:
+    """``fuse_rank_cutoff`` of a transformer whose ``num_results`` caps the documents it returns per query:
+    ``transformer % k`` with ``k`` below ``num_results`` (or where ``num_results`` is None, no cap) becomes the
+    transformer rebuilt with ``num_results=k`` (:func:`pyterrier.inspect.transformer_apply_attributes`)."""
+
+    def fuse_rank_cutoff(self, k: int) -> Optional[pt.Transformer]:
+        if self.num_results is not None and k >= self.num_results:
+            return None
+        return pt.inspect.transformer_apply_attributes(self, num_results=k)
