@@ -1,0 +1,112 @@
+"""Concurrency, corruption and crashes: an index build never collides with another or mixes with it, every file is
+checksummed and bound to its build, and a damaged value never becomes a score."""
+import json
+import multiprocessing
+import os
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pyterrier_multiquery.index import CorruptIndexError, MultiVectorIndex, ShardedMultiVectorIndex
+
+DIM = 4
+
+
+def tagged(build: int, count: int = 6, delay: float = 0.):
+    """Documents ``b<build>-<i>`` whose vectors are all ``100 * build + i``: a docno and its vectors name their
+    build, so a mix of two builds shows."""
+    for i in range(count):
+        if i == 1:
+            time.sleep(delay)
+        yield {'docno': f'b{build}-{i}', 'doc_embs': np.full((1 + i % 2, DIM), 100 * build + i, dtype=np.float32)}
+
+
+def assert_one_build(payload):
+    """Every document's docno and vectors come from the same build."""
+    meta, vectors, offsets, docnos = payload
+    for i in range(meta['doc_count']):
+        build, number = docnos.fwd[i][1:].split('-')
+        np.testing.assert_array_equal(vectors[offsets[i]:offsets[i + 1]], 100 * int(build) + int(number))
+
+
+def _build_first(path, build, results):
+    try:
+        MultiVectorIndex(path, verbose=False).index(tagged(build, delay=0.5))
+        results.put((build, 'built'))
+    except FileExistsError as e:
+        results.put((build, f'FileExistsError: {e}'))
+
+
+def test_concurrent_first_builds_do_not_replace_each_other(tmp_path):
+    """Two processes build the same new index with overwrite=False: one builds it, the other is refused."""
+    context = multiprocessing.get_context('fork')
+    results = context.Queue()
+    builders = [context.Process(target=_build_first, args=(tmp_path / 'index', build, results)) for build in (1, 2)]
+    for builder in builders:
+        builder.start()
+    for builder in builders:
+        builder.join(60)
+    outcomes = dict(results.get(timeout=5) for _ in builders)
+    built = [build for build, outcome in outcomes.items() if outcome == 'built']
+    assert len(built) == 1, outcomes
+    refused = [outcome for outcome in outcomes.values() if outcome != 'built']
+    assert 'an index already exists' in refused[0]
+    assert list(MultiVectorIndex(tmp_path / 'index').payload()[3]) == [f'b{built[0]}-{i}' for i in range(6)]
+
+
+def test_an_open_during_an_overwrite_never_mixes_builds(tmp_path, monkeypatch):
+    """The index is replaced by another build of the same sizes just before its docnos are opened (the moment of
+    a concurrent overwrite that mixed builds): the open gives one whole build."""
+    import npids
+    path = tmp_path / 'index'
+    MultiVectorIndex(path, verbose=False).index(tagged(1))
+    replaced = []
+
+    class OverwrittenFirst(npids.Lookup):
+        def __init__(self, *args, **kwargs):
+            if not replaced:
+                replaced.append(True)
+                MultiVectorIndex(path, verbose=False).indexer(overwrite=True).index(tagged(2))
+            super().__init__(*args, **kwargs)
+    monkeypatch.setattr(npids, 'Lookup', OverwrittenFirst)
+    payload = MultiVectorIndex(path, verbose=False).payload()
+    assert replaced
+    assert_one_build(payload)
+    assert payload[3].fwd[0] == 'b2-0'
+
+
+def test_an_open_during_a_sharded_overwrite_never_mixes_builds(tmp_path, monkeypatch):
+    path = tmp_path / 'sharded'
+    ShardedMultiVectorIndex(path, verbose=False).indexer(shard_size=3).index(tagged(1))
+    memmap = np.memmap
+    replaced = []
+
+    def overwritten_first(*args, **kwargs):
+        if not replaced:
+            replaced.append(True)
+            ShardedMultiVectorIndex(path, verbose=False).indexer(shard_size=3, overwrite=True).index(tagged(2))
+        return memmap(*args, **kwargs)
+    monkeypatch.setattr(np, 'memmap', overwritten_first)
+    payload = ShardedMultiVectorIndex(path, verbose=False).payload()
+    assert replaced
+    assert_one_build(payload)
+    assert payload[3].fwd[0] == 'b2-0'
+
+
+def test_an_overwrite_never_leaves_the_path_empty(tmp_path, monkeypatch):
+    """While a build replaces an index, a reader finds the old index or the new one at the path, never nothing."""
+    import pyterrier_multiquery._files as files
+    path = tmp_path / 'index'
+    MultiVectorIndex(path, verbose=False).index(tagged(1))
+    replace = os.replace
+    seen = []
+
+    def watched(source, target):
+        replace(source, target)
+        seen.append((path / 'pt_meta.json').is_file())
+    monkeypatch.setattr(files.os, 'replace', watched)
+    MultiVectorIndex(path, verbose=False).indexer(overwrite=True).index(tagged(2))
+    assert seen and all(seen), seen
+    assert MultiVectorIndex(path).payload()[3].fwd[0] == 'b2-0'
