@@ -100,13 +100,18 @@ def test_an_overwrite_never_leaves_the_path_empty(tmp_path, monkeypatch):
     import pyterrier_multiquery._files as files
     path = tmp_path / 'index'
     MultiVectorIndex(path, verbose=False).index(tagged(1))
-    replace = os.replace
-    seen = []
+    replace, rmtree = os.replace, files.shutil.rmtree
+    seen = []  # whether an index is at the path after each rename and before each removal of a folder
 
-    def watched(source, target):
+    def watched_replace(source, target):
         replace(source, target)
         seen.append((path / 'pt_meta.json').is_file())
-    monkeypatch.setattr(files.os, 'replace', watched)
+
+    def watched_rmtree(folder, **kwargs):
+        seen.append((path / 'pt_meta.json').is_file())
+        rmtree(folder, **kwargs)
+    monkeypatch.setattr(files.os, 'replace', watched_replace)
+    monkeypatch.setattr(files.shutil, 'rmtree', watched_rmtree)
     MultiVectorIndex(path, verbose=False).indexer(overwrite=True).index(tagged(2))
     assert seen and all(seen), seen
     assert MultiVectorIndex(path).payload()[3].fwd[0] == 'b2-0'

@@ -5,7 +5,7 @@ import uuid
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterable, List, Tuple, Union
+from typing import Callable, Dict, Iterable, List, Tuple, TypeVar, Union
 
 import more_itertools
 import numpy as np
@@ -13,11 +13,12 @@ import pandas as pd
 import pyterrier as pt
 import pyterrier_alpha as pta
 
-from pyterrier_multiquery._files import building
+from pyterrier_multiquery._files import building, exclusive_lock
 from pyterrier_multiquery.index.errors import CorruptIndexError
 
 _DTYPES = {'float32': ('vecs.f4', np.float32), 'float16': ('vecs.f2', np.float16)}
 _CHECKSUMMED = ('offsets.i8', 'docnos.npids')  # the vectors are not: checking them would read the whole corpus
+T = TypeVar('T')
 
 
 class SearchableIndex:
@@ -91,10 +92,10 @@ class MultiVectorIndex(SearchableIndex, pta.Artifact, pt.Indexer):
             FileNotFoundError: If no finished index is at ``path``.
             CorruptIndexError: If a file is truncated or disagrees with the metadata.
         """
-        meta, raw = _read_meta(self.path)
+        _, raw = _read_meta(self.path)
         if self._payload is None or raw != self._meta_bytes:
-            self._payload = _load(self.path, meta)
-            self._meta_bytes = raw
+            self._payload, self._meta_bytes = open_whole(self.path, MultiVectorIndex,
+                                                         lambda meta: _load(self.path, meta))
         return self._payload
 
     def shards(self) -> List['MultiVectorIndex']:
@@ -142,6 +143,10 @@ class MultiVectorIndexer(pt.Indexer):
             ValueError: If a record is malformed: a docno that is not a non-empty string or occurs twice, vectors
                 that are not a non-empty 2-D array of finite numbers of the same size as the other documents'.
         """
+        with exclusive_lock(self.index_ref.path):  # a concurrent build of the same path waits, then is refused
+            return self._index(inp)
+
+    def _index(self, inp: Iterable[Dict]) -> MultiVectorIndex:
         path = self.index_ref.path
         _check_target(path, self.overwrite)
         if isinstance(inp, pd.DataFrame):
@@ -318,6 +323,39 @@ def _read_meta(path: Path, artifact: type = None) -> Tuple[dict, bytes]:
         raise CorruptIndexError(f'{str(meta_file)!r}: crc32 must map {list(_CHECKSUMMED)} to integers, '
                                 f'got {checksums!r}')
     return meta, raw
+
+
+_OPEN_ATTEMPTS = 5
+
+
+def open_whole(path: Path, artifact: type, load: Callable[[dict], T]) -> Tuple[T, bytes]:
+    """Opens the index at ``path`` with ``load(meta)`` so that every file it opened belongs to one build.
+
+    A concurrent overwrite swaps the whole folder between two of ``load``'s reads: the metadata is read again once
+    ``load`` has opened everything, and the open repeated on the new build while it changed.
+
+    Returns:
+        What ``load`` returned, and the raw ``pt_meta.json`` of its build.
+
+    Raises:
+        CorruptIndexError: If the index was replaced at every attempt, or as ``load`` (for an index that did not
+            change meanwhile).
+    """
+    meta, raw = _read_meta(path, artifact)
+    for _ in range(_OPEN_ATTEMPTS):
+        try:
+            loaded = load(meta)
+        except (CorruptIndexError, FileNotFoundError):
+            meta_now, raw_now = _read_meta(path, artifact)
+            if raw_now == raw:
+                raise
+        else:
+            meta_now, raw_now = _read_meta(path, artifact)
+            if raw_now == raw:
+                return loaded, raw
+        meta, raw = meta_now, raw_now
+    raise CorruptIndexError(f'{str(path)!r} was replaced by another build at each of {_OPEN_ATTEMPTS} attempts to '
+                            'open it; open it again once the builds are done')
 
 
 def _load(path: Path, meta: dict):

@@ -15,7 +15,7 @@ import pandas as pd
 import pyterrier as pt
 import pyterrier_alpha as pta
 
-from pyterrier_multiquery._files import _remove, building
+from pyterrier_multiquery._files import _remove, building, exclusive_lock
 from pyterrier_multiquery.index.errors import CorruptIndexError
 from pyterrier_multiquery.index.core import (
     _DTYPES,
@@ -23,6 +23,7 @@ from pyterrier_multiquery.index.core import (
     SearchableIndex,
     _check_target,
     _read_meta,
+    open_whole,
 )
 
 DEFAULT_SHARD_SIZE = 1_000_000
@@ -71,20 +72,24 @@ class ShardedMultiVectorIndex(SearchableIndex, pta.Artifact, pt.Indexer):
         """
         meta, raw = _read_meta(self.path, ShardedMultiVectorIndex)
         if self._payload is None or raw != self._meta_bytes:
-            self._payload = None
-            self._shards = [MultiVectorIndex(self.path / name, verbose=self.verbose) for name in _shard_names(meta)]
-            self._meta_bytes = raw
-        payloads = [self._shard_payload(meta, i) for i in range(len(self._shards))]
-        if self._payload is None:
-            offsets = [np.zeros(1, dtype=np.int64)]
-            for _, _, shard_offsets, _ in payloads:
-                offsets.append(shard_offsets[1:] + offsets[-1][-1])
-            self._payload = (meta, ShardedVectors([vectors for _, vectors, _, _ in payloads]),
-                             np.concatenate(offsets), ShardedDocnos([docnos for _, _, _, docnos in payloads]))
+            (self._shards, self._payload), self._meta_bytes = open_whole(self.path, ShardedMultiVectorIndex,
+                                                                         self._open)
+        else:  # a shard rebuilt in place since is named
+            for i, shard in enumerate(self._shards):
+                self._shard_payload(meta, shard, i)
         return self._payload
 
-    def _shard_payload(self, meta: dict, i: int):
-        shard = self._shards[i]
+    def _open(self, meta: dict):
+        """The shards the metadata names, and the payload over all of them."""
+        shards = [MultiVectorIndex(self.path / name, verbose=self.verbose) for name in _shard_names(meta)]
+        payloads = [self._shard_payload(meta, shard, i) for i, shard in enumerate(shards)]
+        offsets = [np.zeros(1, dtype=np.int64)]
+        for _, _, shard_offsets, _ in payloads:
+            offsets.append(shard_offsets[1:] + offsets[-1][-1])
+        return shards, (meta, ShardedVectors([vectors for _, vectors, _, _ in payloads]), np.concatenate(offsets),
+                        ShardedDocnos([docnos for _, _, _, docnos in payloads]))
+
+    def _shard_payload(self, meta: dict, shard: MultiVectorIndex, i: int):
         if not shard.path.is_dir():
             raise FileNotFoundError(f'shard {i} of the sharded index {str(self.path)!r} is missing: no folder '
                                     f'{str(shard.path)!r}')
@@ -128,25 +133,30 @@ class ShardedMultiVectorIndex(SearchableIndex, pta.Artifact, pt.Indexer):
         if not sources:
             raise ValueError('no shards to assemble: shard_paths is empty')
         index = cls(path, verbose=verbose)
-        _check_target(index.path, overwrite, cls)
+        with exclusive_lock(index.path):  # a concurrent build of the same path waits, then is refused
+            index._assemble(sources, move, overwrite)
+        if move:
+            for source in sources:
+                _remove(source)
+        return index
+
+    def _assemble(self, sources: List[Path], move: bool, overwrite: bool) -> None:
+        _check_target(self.path, overwrite, ShardedMultiVectorIndex)
         labels = [repr(str(source)) for source in sources]
         shards = [MultiVectorIndex(source, verbose=False).payload() for source in sources]
         _check_same_vectors(shards, labels)
         _check_unique_across([docnos for _, _, _, docnos in shards], labels)
         names = [f'shard-{i:03d}' for i in range(len(sources))]
         steps = zip(sources, names)
-        if verbose:
+        if self.verbose:
             steps = pt.tqdm(steps, total=len(names), desc='moving shards' if move else 'copying shards', unit='shard')
-        with building(index.path) as tmp:
+        with building(self.path) as tmp:
             tmp.mkdir()
             for source, name in steps:
                 shutil.copytree(source, tmp / name, copy_function=_link_or_copy if move else shutil.copy2,
                                 ignore=shutil.ignore_patterns('.*'))  # leftovers of killed FAISS builds
             _write_meta(tmp, names, [meta for meta, _, _, _ in shards])
-        if move:
-            for source in sources:
-                _remove(source)
-        return index
+        self._payload = None
 
     def index(self, inp: Iterable[Dict]) -> 'ShardedMultiVectorIndex':
         """Indexes ``{'docno', 'doc_embs'}`` records into shards of the default size (see :meth:`indexer`)."""
@@ -210,6 +220,10 @@ class ShardedMultiVectorIndexer(pt.Indexer):
             ValueError: If a record is malformed (as :meth:`MultiVectorIndexer.index`), a docno occurs in two
                 shards, shards have vectors of different sizes, or ``num_shards`` is more than the documents.
         """
+        with exclusive_lock(self.index_ref.path):  # a concurrent build of the same path waits, then is refused
+            return self._index(inp)
+
+    def _index(self, inp: Iterable[Dict]) -> ShardedMultiVectorIndex:
         path = self.index_ref.path
         _check_target(path, self.overwrite, ShardedMultiVectorIndex)
         if isinstance(inp, pd.DataFrame):
