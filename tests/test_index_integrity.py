@@ -115,3 +115,67 @@ def test_an_overwrite_never_leaves_the_path_empty(tmp_path, monkeypatch):
     MultiVectorIndex(path, verbose=False).indexer(overwrite=True).index(tagged(2))
     assert seen and all(seen), seen
     assert MultiVectorIndex(path).payload()[3].fwd[0] == 'b2-0'
+
+
+@pytest.fixture
+def built(tmp_path):
+    """An index of ``tagged(1)`` with its flat FAISS stage, and a query frame."""
+    index = MultiVectorIndex(tmp_path / 'index', verbose=False).index(tagged(1))
+    queries = pd.DataFrame({'qid': ['q0'], 'query': 'x', 'query_embs': [np.ones((2, DIM), dtype=np.float32)]})
+    index.maxsim_retriever(exact=False, ann='flat')(queries)
+    return index, queries
+
+
+def change_bytes(file, position, new):
+    data = bytearray(file.read_bytes())
+    data[position:position + len(new)] = new
+    file.write_bytes(bytes(data))
+
+
+def test_every_index_file_has_a_checksum_in_the_metadata(built):
+    from pyterrier_multiquery._files import file_sha256
+    index, _ = built
+    meta = json.loads((index.path / 'pt_meta.json').read_text())
+    assert meta['sha256'] == {name: file_sha256(index.path / name) for name in ('vecs.f4', 'offsets.i8', 'docnos.npids')}
+
+
+def test_verify_finds_a_changed_byte_in_the_vectors(built):
+    index, _ = built
+    index.verify()
+    change_bytes(index.path / 'vecs.f4', 5, b'\x7f')
+    with pytest.raises(CorruptIndexError, match=r"vecs\.f4.* SHA-256 differs"):
+        MultiVectorIndex(index.path).verify()
+
+
+def test_a_nan_in_the_vectors_is_named_instead_of_scored(built):
+    index, queries = built
+    offsets = index.payload()[2]
+    change_bytes(index.path / 'vecs.f4', int(offsets[3]) * DIM * 4, np.float32(np.nan).tobytes())
+    reopened = MultiVectorIndex(index.path, verbose=False)
+    for retriever in (reopened.maxsim_retriever(), reopened.maxsim_retriever(exact=False, ann='flat'),
+                      reopened.multiquery_retriever()):
+        with pytest.raises(CorruptIndexError, match="document 'b1-3' has non-finite values"):
+            retriever(queries)
+    results = queries.assign(docno=['b1-2', 'b1-3'], score=0., rank=0, qid='q0')
+    with pytest.raises(CorruptIndexError, match="document 'b1-3' has non-finite values"):
+        reopened.maxsim_scorer()(results)
+
+
+def test_a_damaged_faiss_file_is_refused(built):
+    index, queries = built
+    change_bytes(index.path / 'ann.Flat.faiss', 100, bytes(64))
+    reopened = MultiVectorIndex(index.path, verbose=False)
+    with pytest.raises(CorruptIndexError, match=r"ann\.Flat\.faiss"):
+        reopened.verify()
+    with pytest.raises(CorruptIndexError, match=r"ann\.Flat\.faiss"):
+        reopened.maxsim_retriever(exact=False, ann='flat')(queries)
+
+
+def test_a_faiss_file_of_another_index_is_refused(built, tmp_path):
+    index, queries = built
+    other = MultiVectorIndex(tmp_path / 'other', verbose=False).index(tagged(2))
+    (other.path / 'ann.Flat.faiss').write_bytes((index.path / 'ann.Flat.faiss').read_bytes())
+    with pytest.raises(CorruptIndexError, match=r"ann\.Flat\.faiss.* another build"):
+        other.maxsim_retriever(exact=False, ann='flat')(queries)
+    with pytest.raises(CorruptIndexError, match=r"ann\.Flat\.faiss.* another build"):
+        other.verify()
