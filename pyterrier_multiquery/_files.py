@@ -7,7 +7,7 @@ import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Union
+from typing import BinaryIO, Callable, Iterator, Optional, Union
 
 PathLike = Union[str, Path]
 
@@ -141,10 +141,20 @@ def exclusive_lock(path: PathLike) -> Iterator[None]:
         lock.close()  # releases the lock
 
 
-def file_sha256(path: PathLike, chunk: int = 1 << 20) -> str:
-    """The SHA-256 of a file's bytes, as hex."""
+def file_sha256(path: Union[PathLike, BinaryIO], chunk: int = 1 << 20, *, length: Optional[int] = None) -> str:
+    """The SHA-256 of a file's bytes, as hex.
+
+    Args:
+        path: The file, or a binary file open for reading (read from where it stands).
+        chunk: Bytes read at a time.
+        length: Hash only this many bytes (default: to the end).
+    """
+    if not hasattr(path, 'read'):
+        with open(path, 'rb') as f:
+            return file_sha256(f, chunk, length=length)
     digest = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for block in iter(lambda: f.read(chunk), b''):
-            digest.update(block)
+    left = float('inf') if length is None else length
+    while left > 0 and (block := path.read(int(min(chunk, left)))):
+        digest.update(block)
+        left -= len(block)
     return digest.hexdigest()

@@ -64,12 +64,13 @@ def test_truncated_files_raise(original, name, keep):
 
 
 def assert_caught_or_harmless(original, folder, name):
-    """Loading the damaged copy raises CorruptIndexError naming the file, or (only for the metadata, where a
-    build id, a hint or white space may change) it gives exactly the original results."""
+    """Loading the damaged copy raises CorruptIndexError naming the file (or, for the metadata, the file that no
+    longer matches it: a changed build id disowns the FAISS file), or (only for the metadata, where a hint or white
+    space may change) it gives exactly the original results."""
     try:
         results = load_and_search(folder / 'index')
     except CorruptIndexError as e:
-        assert name in str(e)
+        assert name in str(e) or (name == 'pt_meta.json' and 'another build' in str(e)), str(e)
     else:
         assert name == 'pt_meta.json'
         for got, expected in zip(results, original[1]):

@@ -136,7 +136,8 @@ def test_every_index_file_has_a_checksum_in_the_metadata(built):
     from pyterrier_multiquery._files import file_sha256
     index, _ = built
     meta = json.loads((index.path / 'pt_meta.json').read_text())
-    assert meta['sha256'] == {name: file_sha256(index.path / name) for name in ('vecs.f4', 'offsets.i8', 'docnos.npids')}
+    files = ('vecs.f4', 'offsets.i8', 'docnos.npids')
+    assert meta['sha256'] == {name: file_sha256(index.path / name) for name in files}
 
 
 def test_verify_finds_a_changed_byte_in_the_vectors(built):
@@ -156,7 +157,8 @@ def test_a_nan_in_the_vectors_is_named_instead_of_scored(built):
                       reopened.multiquery_retriever()):
         with pytest.raises(CorruptIndexError, match="document 'b1-3' has non-finite values"):
             retriever(queries)
-    results = queries.assign(docno=['b1-2', 'b1-3'], score=0., rank=0, qid='q0')
+    results = pd.DataFrame({'qid': 'q0', 'query': 'x', 'docno': ['b1-2', 'b1-3'], 'score': 0., 'rank': [0, 1],
+                            'query_embs': [queries['query_embs'][0]] * 2})
     with pytest.raises(CorruptIndexError, match="document 'b1-3' has non-finite values"):
         reopened.maxsim_scorer()(results)
 

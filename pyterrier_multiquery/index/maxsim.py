@@ -8,6 +8,7 @@ import pyterrier as pt
 
 from pyterrier_multiquery._device import check_threads, cpu_threads, resolve_device
 from pyterrier_multiquery._extras import requires
+from pyterrier_multiquery.index.errors import CorruptIndexError
 
 with requires('dense'):
     import torch
@@ -121,10 +122,10 @@ class MaxSimRetriever(pt.Transformer):
         if queries:
             with cpu_threads(self.threads, with_faiss=not self.exact):
                 search = self._search_exact if self.exact else self._search_approximate
-                results = search(queries, meta, vectors, offsets)
+                results = search(queries, meta, vectors, offsets, ScoreCheck(inp['qid'].tolist(), self.index))
         return result_frame(inp[columns], results, docnos)
 
-    def _search_exact(self, queries, meta, vectors, offsets) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def _search_exact(self, queries, meta, vectors, offsets, check) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
         batches = [[torch.from_numpy(q).to(self.device) for q in queries[start:start + self.batch_size]]
                    for start in range(0, len(queries), self.batch_size)]
         best = [(torch.empty((len(batch), 0), device=self.device),
@@ -143,15 +144,19 @@ class MaxSimRetriever(pt.Transformer):
                 scores = torch.cat([
                     maxsim_scores(batch, block[block_offsets[a]:block_offsets[b]].float(), lengths[a:b], self.aggregate)
                     for a, b in document_blocks(block_offsets, tile_vectors[i])], dim=1)
+                check(scores, np.arange(first, last), i * self.batch_size)
                 best[i] = keep_best(*best[i], scores, first, self.num_results)
         return [(scores.cpu().numpy(), docids.cpu().numpy(), np.full(len(scores), scores.shape[1]))
                 for scores, docids in best]
 
-    def _search_approximate(self, queries, meta, vectors, offsets) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def _search_approximate(self, queries, meta, vectors, offsets, check) -> List[Tuple[np.ndarray, ...]]:
         from pyterrier_multiquery.index.ann import CandidateStage
         if self._stage is None or self._stage[0] != meta:  # first search, or the index was rebuilt
             stage = CandidateStage(self.index.shards(), self.ann, self.quantizer, self.search_effort, self.device,
                                    verbose=self.verbose)
+            if stage.build_ids != meta.get('shard_build_ids', [meta['build_id']]):
+                raise CorruptIndexError(f'the index at {str(self.index.path)!r} was replaced by another build while '
+                                        'this search opened it; search again')
             # with the offsets (where each document's rows start), the row table of the re-scoring
             self._stage = (meta, stage, np.diff(offsets))
         _, stage, lengths = self._stage
@@ -172,10 +177,12 @@ class MaxSimRetriever(pt.Transformer):
             for first in range(0, len(batch), step):
                 chunk = docids[first:first + step]
                 chunk = chunk[:, :int((chunk >= 0).sum(axis=1).max())]
-                results.append(self._rescore(batch[first:first + step], chunk, vectors, offsets, lengths))
+                results.append(self._rescore(batch[first:first + step], chunk, vectors, offsets, lengths,
+                                             check, start + first))
         return results
 
-    def _rescore(self, queries, docids: np.ndarray, vectors, offsets, lengths) -> Tuple[np.ndarray, ...]:
+    def _rescore(self, queries, docids: np.ndarray, vectors, offsets, lengths, check,
+                 first_query: int) -> Tuple[np.ndarray, ...]:
         """Exact MaxSim of queries against their candidates (``docids``, ascending, -1 padded) in one padded
         (queries x candidates x document vectors) product; returns each query's top (scores, docids, count)."""
         count, width = docids.shape
@@ -195,6 +202,7 @@ class MaxSimRetriever(pt.Transformer):
         scores = sims.view(count, -1, width, widest).amax(dim=3).sum(dim=1)
         if self.aggregate == 'mean':
             scores = scores / torch.from_numpy(query_lengths).to(self.device)[:, None]
+        check(scores.masked_fill(~torch.from_numpy(valid).to(self.device), 0), safe, first_query)
         scores = scores.masked_fill(~torch.from_numpy(valid).to(self.device), -torch.inf)
         scores, order = scores.sort(dim=1, descending=True, stable=True)  # ties: ascending docid, as docids are
         keep = min(width, self.num_results)
@@ -267,6 +275,7 @@ class MaxSimScorer(pt.Transformer):
             for qid, rows in groups:
                 query = torch.from_numpy(query_embs(inp['query_embs'].iloc[rows[0]], meta['dim'], qid))
                 scores[rows] = score_documents(query.to(self.device), docids[rows], vectors, offsets, self.aggregate)
+                ScoreCheck([qid], self.index)(scores[None, rows], docids[rows], 0)
         out = pt.model.add_ranks(inp.assign(score=scores))
         if self.num_results is not None:
             out = out[out['rank'] < self.num_results].reset_index(drop=True)
@@ -281,6 +290,42 @@ class MaxSimScorer(pt.Transformer):
 
     def __hash__(self):
         return hash((MaxSimScorer, str(self.index.path), self.aggregate, self.num_results))
+
+
+class ScoreCheck:
+    """Raises where a score is not finite: naming the document when its stored vectors are not (a damaged index),
+    else the query, whose vectors overflow float32 against the document's."""
+
+    def __init__(self, qids: list, index):
+        """
+        Args:
+            qids: The qids of the queries, in the order of the score rows' queries.
+            index: The index searched.
+        """
+        self.qids = qids
+        self.index = index
+
+    def __call__(self, scores, docids: np.ndarray, first_query: int) -> None:
+        """Checks ``(queries, documents)`` scores of the queries from ``first_query`` on.
+
+        Args:
+            scores: The scores (a tensor or an array).
+            docids: The documents of the columns, or of each score (an array of the scores' shape).
+            first_query: The position in ``qids`` of the first row's query.
+        """
+        finite = torch.isfinite(scores) if isinstance(scores, torch.Tensor) else np.isfinite(scores)
+        if bool(finite.all()):
+            return
+        finite = finite.cpu().numpy() if isinstance(finite, torch.Tensor) else finite
+        row, column = (int(i) for i in np.argwhere(~finite)[0])
+        docid = int(docids[row, column] if np.ndim(docids) == 2 else docids[column])
+        _, vectors, offsets, docnos = self.index.payload()
+        docno = str(docnos.fwd[docid])
+        if not np.isfinite(np.asarray(vectors[offsets[docid]:offsets[docid + 1]], dtype=np.float32)).all():
+            raise CorruptIndexError(f'document {docno!r} has non-finite values (NaN or inf) in its stored vectors: '
+                                    f'the index at {str(self.index.path)!r} is damaged; rebuild it')
+        raise ValueError(f'query {self.qids[first_query + row]!r}: its MaxSim score against document {docno!r} is '
+                         f'{float(scores[row, column])} (float32 overflows): scale its query_embs down')
 
 
 def score_documents(query, docids: np.ndarray, vectors, offsets: np.ndarray, aggregate: str) -> np.ndarray:

@@ -7,6 +7,7 @@ import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import build_once
+from pyterrier_multiquery.index.errors import CorruptIndexError
 
 
 class MeanRetriever(pt.Transformer):
@@ -41,11 +42,15 @@ class MeanRetriever(pt.Transformer):
     def _document_means(self):
         _, vectors, offsets, docnos = self.index.payload()
         for docid in range(len(offsets) - 1):
-            yield {'docno': docnos.fwd[docid], 'doc_vec': self._pool(vectors[offsets[docid]:offsets[docid + 1]])}
+            docno, mean = str(docnos.fwd[docid]), self._pool(vectors[offsets[docid]:offsets[docid + 1]])
+            if not np.isfinite(mean).all():
+                raise CorruptIndexError(f'document {docno!r} has non-finite values (NaN or inf) in its stored vectors: '
+                                        f'the index at {str(self.index.path)!r} is damaged; rebuild it')
+            yield {'docno': docno, 'doc_vec': mean}
 
     def _pool(self, embs) -> np.ndarray:
-        mean = np.asarray(embs, dtype=np.float32).mean(axis=0)
-        return mean / np.linalg.norm(mean) if self.normalise else mean
+        mean = np.asarray(embs, dtype=np.float64).mean(axis=0)  # a float32 sum could overflow
+        return (mean / np.linalg.norm(mean) if self.normalise else mean).astype(np.float32)
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Retrieves for each query row (``qid``, ``query_embs``)."""
@@ -58,6 +63,11 @@ class MeanRetriever(pt.Transformer):
         # (pyterrier-alpha's DataFrameBuilder takes length-1 columns for one row's values)
         retriever = self.flex_index().np_retriever(num_results=max(self.num_results, 2), drop_query_vec=True)
         out = retriever(inp.assign(query_vec=query_vecs))
+        overflowed = ~np.isfinite(out['score'].to_numpy())
+        if overflowed.any():
+            row = out.iloc[int(np.argmax(overflowed))]
+            raise ValueError(f'query {row["qid"]!r}: its score against the mean of document {row["docno"]!r} is '
+                             f'{row["score"]} (float32 overflows): scale its query_embs down')
         return out[out['rank'] < self.num_results].reset_index(drop=True)
 
     def fuse_rank_cutoff(self, k: int) -> Optional['MeanRetriever']:
