@@ -181,3 +181,22 @@ def test_a_faiss_file_of_another_index_is_refused(built, tmp_path):
         other.maxsim_retriever(exact=False, ann='flat')(queries)
     with pytest.raises(CorruptIndexError, match=r"ann\.Flat\.faiss.* another build"):
         other.verify()
+
+
+@pytest.mark.parametrize('change, match', [
+    (lambda meta: {**meta, 'shards': ['shard-000'] * 3, 'shard_build_ids': meta['shard_build_ids'][:1] * 3},
+     "shard-000' more than once"),
+    (lambda meta: {**meta, 'doc_count': meta['doc_count'] + 1}, 'doc_count 7 .* shards hold 6'),
+    (lambda meta: {**meta, 'vec_count': meta['vec_count'] - 1}, 'vec_count 8 .* shards hold 9'),
+    (lambda meta: {**meta, 'dim': 3}, 'dim 3 .* shards have 4'),
+    (lambda meta: {**meta, 'shards': ['..', 'shard-001']}, r"'\.\.' is not a folder inside the index"),
+    (lambda meta: {**meta, 'shards': ['/tmp', 'shard-001']}, "'/tmp' is not a folder inside the index"),
+])
+def test_sharded_metadata_that_does_not_match_its_shards_is_refused(tmp_path, change, match):
+    path = tmp_path / 'sharded'
+    ShardedMultiVectorIndex(path, verbose=False).indexer(shard_size=3).index(tagged(1))
+    meta = json.loads((path / 'pt_meta.json').read_text())
+    (path / 'pt_meta.json').write_text(json.dumps(change(meta)))
+    index = ShardedMultiVectorIndex(path, verbose=False)
+    with pytest.raises(CorruptIndexError, match=match):
+        len(index)
