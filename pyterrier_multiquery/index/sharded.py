@@ -83,6 +83,7 @@ class ShardedMultiVectorIndex(SearchableIndex, pta.Artifact, pt.Indexer):
         """The shards the metadata names, and the payload over all of them."""
         shards = [MultiVectorIndex(self.path / name, verbose=self.verbose) for name in _shard_names(meta)]
         payloads = [self._shard_payload(meta, shard, i) for i, shard in enumerate(shards)]
+        _check_counts(meta, [shard_meta for shard_meta, _, _, _ in payloads])
         offsets = [np.zeros(1, dtype=np.int64)]
         for _, _, shard_offsets, _ in payloads:
             offsets.append(shard_offsets[1:] + offsets[-1][-1])
@@ -342,12 +343,28 @@ class _Indexed:
 
 
 def _shard_names(meta: dict) -> List[str]:
+    """The shard folders the metadata of a sharded index lists, checked: each once, each a folder inside it."""
     names, build_ids = meta.get('shards'), meta.get('shard_build_ids')
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n and '/' not in n for n in names) \
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names) \
             or not isinstance(build_ids, list) or len(build_ids) != len(names):
         raise CorruptIndexError(f'pt_meta.json of a sharded index must list its shard folders (shards) and their '
                                 f'build ids (shard_build_ids), got {names!r} and {build_ids!r}')
+    for i, name in enumerate(names):
+        if name in ('', '.', '..') or '/' in name or '\\' in name or '\0' in name:
+            raise CorruptIndexError(f'pt_meta.json of a sharded index lists the shard {name!r}, but {name!r} is not '
+                                    'a folder inside the index')
+        if name in names[:i]:
+            raise CorruptIndexError(f'pt_meta.json of a sharded index lists the shard {name!r} more than once')
     return names
+
+
+def _check_counts(meta: dict, metas: List[dict]) -> None:
+    """Raises unless the counts, vector size and storage of a sharded index's metadata are its shards' ``metas``."""
+    for key, verb in (('doc_count', 'hold'), ('vec_count', 'hold'), ('dim', 'have'), ('dtype', 'have')):
+        found = sum(m[key] for m in metas) if key.endswith('count') else metas[0][key]
+        if meta[key] != found or any(m[key] != metas[0][key] for m in metas if not key.endswith('count')):
+            raise CorruptIndexError(f'pt_meta.json of the sharded index gives {key} {meta[key]!r} where its shards '
+                                    f'{verb} {found!r}')
 
 
 def _consecutive(records: Iterator[Dict], sizes: Iterable[int]) -> Iterator[Iterator[Dict]]:
