@@ -200,3 +200,32 @@ def test_sharded_metadata_that_does_not_match_its_shards_is_refused(tmp_path, ch
     index = ShardedMultiVectorIndex(path, verbose=False)
     with pytest.raises(CorruptIndexError, match=match):
         len(index)
+
+
+UNICODE_DOCNOS = ['é', 'a', '😀', 'naïve-文書', 'è', '🦀🦀']
+
+
+@pytest.mark.parametrize('sharded', [False, True])
+def test_unicode_docnos_in_every_lookup(tmp_path, sharded):
+    """Non-ASCII and emoji docnos are stored, retrieved, re-scored and named in errors as they are."""
+    records = [{'docno': docno, 'doc_embs': np.full((1, DIM), i + 1, dtype=np.float32)}
+               for i, docno in enumerate(UNICODE_DOCNOS)]
+    if sharded:
+        index = ShardedMultiVectorIndex(tmp_path / 'index', verbose=False).indexer(shard_size=4).index(records)
+    else:
+        index = MultiVectorIndex(tmp_path / 'index', verbose=False).index(records)
+    query = np.ones((1, DIM), dtype=np.float32)
+    queries = pd.DataFrame({'qid': ['q'], 'query': 'x', 'query_embs': [query]})
+    expected = UNICODE_DOCNOS[::-1]  # document i scores 4 * (i + 1)
+    for retriever in (index.maxsim_retriever(), index.maxsim_retriever(exact=False, ann='flat'),
+                      index.multiquery_retriever('score_sum'), index.mean_retriever()):
+        assert retriever(queries)['docno'].tolist() == expected
+    results = pd.DataFrame({'qid': 'q', 'query': 'x', 'docno': ['é', '🦀🦀', 'naïve-文書'], 'score': 0.,
+                            'rank': [0, 1, 2], 'query_embs': [query] * 3})
+    rescored = index.maxsim_scorer()(results)
+    assert rescored['docno'].tolist() == ['🦀🦀', 'naïve-文書', 'é']
+    assert rescored['score'].tolist() == [24., 16., 4.]
+    with pytest.raises(KeyError, match="docno '🐍' is not in the index"):
+        index.maxsim_scorer()(results.assign(docno=['é', '🐍', 'a']))
+    with pytest.raises(KeyError, match="docno 3 is not in the index"):
+        index.maxsim_scorer()(results.assign(docno=[3, 3, 3]))
