@@ -365,10 +365,16 @@ def check_unique_qids(inp: pd.DataFrame) -> None:
 
 
 def lookup_docids(docnos, values: pd.Series) -> np.ndarray:
-    """Internal ids of docnos, with an error naming the first docno the index does not hold."""
-    docids = np.asarray(docnos.inv[values.to_numpy()], dtype=np.int64)
+    """Internal ids of docnos (strings of any characters), with an error naming the first docno the index does not
+    hold."""
+    values = values.tolist()
+    if not all(isinstance(value, str) for value in values):
+        value = next(value for value in values if not isinstance(value, str))
+        raise KeyError(f'docno {value!r} is not in the index (docnos are strings)')
+    # a str array: npids encodes it as UTF-8 (an object array, as ASCII)
+    docids = np.asarray(docnos.inv[np.array(values, dtype=str)], dtype=np.int64)
     if (docids < 0).any():
-        raise KeyError(f'docno {values.iloc[int(np.argmax(docids < 0))]!r} is not in the index')
+        raise KeyError(f'docno {values[int(np.argmax(docids < 0))]!r} is not in the index')
     return docids
 
 

@@ -324,7 +324,7 @@ class ShardedDocnos:
 
     def _inverse(self, docnos):
         if np.ndim(docnos) == 0:
-            return int(self._inverse(np.array([docnos], dtype=object))[0])
+            return int(self._inverse(np.array([docnos], dtype=str))[0])
         out = np.full(np.shape(docnos), -1, dtype=np.int64)
         for lookup, base in zip(self.lookups, self.bases):
             found = np.asarray(lookup.inv[docnos], dtype=np.int64)
