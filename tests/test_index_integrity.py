@@ -229,3 +229,45 @@ def test_unicode_docnos_in_every_lookup(tmp_path, sharded):
         index.maxsim_scorer()(results.assign(docno=['é', '🐍', 'a']))
     with pytest.raises(KeyError, match="docno 3 is not in the index"):
         index.maxsim_scorer()(results.assign(docno=[3, 3, 3]))
+
+
+SLOW_SHARDED_BUILD = '''
+import sys, time
+import numpy as np
+from pyterrier_multiquery.index import ShardedMultiVectorIndex
+
+def records():
+    for i in range(10 ** 6):
+        time.sleep(0.002)
+        yield {'docno': f'd{i}', 'doc_embs': np.ones((1, 4), dtype=np.float32)}
+
+ShardedMultiVectorIndex(sys.argv[1], verbose=False).indexer(shard_size=1000, processes=2).index(records())
+'''
+
+
+def test_a_killed_parallel_build_leaves_no_worker_behind(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+    build = subprocess.Popen([sys.executable, '-c', SLOW_SHARDED_BUILD, str(tmp_path / 'sharded')])
+    workers = []
+    try:
+        deadline = time.monotonic() + 60
+        while not workers and time.monotonic() < deadline:
+            time.sleep(0.1)
+            workers = psutil.Process(build.pid).children()
+        assert workers, 'the build started no worker'
+        time.sleep(0.5)
+        os.kill(build.pid, signal.SIGKILL)
+        build.wait()
+        _, alive = psutil.wait_procs(workers, timeout=5)
+        assert not [w for w in alive if w.status() != psutil.STATUS_ZOMBIE], 'workers outlived the killed build'
+    finally:
+        build.kill()
+        for worker in workers:  # those that outlived it, so that a failure leaves none behind either
+            try:
+                worker.kill()
+            except psutil.NoSuchProcess:
+                pass
