@@ -430,8 +430,8 @@ def _build_in_processes(groups: Iterator[Iterator[Dict]], folder: Path, dtype: s
             while len(running) >= processes:
                 _finish(*running.pop(0), errors)
             records = context.Queue(maxsize=8)
-            worker = context.Process(target=_write_shard, args=(folder / names[-1], dtype, records, errors),
-                                     daemon=True)
+            worker = context.Process(target=_write_shard, daemon=True,
+                                     args=(folder / names[-1], dtype, records, errors, os.getpid()))
             worker.start()
             running.append((worker, names[-1]))
             for batch in more_itertools.chunked(group, 256):
@@ -446,10 +446,22 @@ def _build_in_processes(groups: Iterator[Iterator[Dict]], folder: Path, dtype: s
     return names
 
 
-def _write_shard(path: Path, dtype: str, records, errors) -> None:
-    """A worker process: indexes the batches of records that arrive until None; reports an error and exits 1."""
+def _write_shard(path: Path, dtype: str, records, errors, parent: int) -> None:
+    """A worker process: indexes the batches of records that arrive until None; reports an error and exits 1.
+
+    While it waits for records it checks every second that ``parent``, the process sending them, is alive, and
+    exits once it is not (a killed parent cannot stop it otherwise).
+    """
     def stream():
-        while (batch := records.get()) is not None:
+        while True:
+            try:
+                batch = records.get(timeout=1)
+            except queue.Empty:
+                if os.getppid() != parent:
+                    raise SystemExit(1) from None
+                continue
+            if batch is None:
+                return
             yield from batch
     try:
         MultiVectorIndex(path, verbose=False).indexer(dtype=dtype).index(stream())
