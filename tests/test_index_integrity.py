@@ -271,3 +271,71 @@ def test_a_killed_parallel_build_leaves_no_worker_behind(tmp_path):
                 worker.kill()
             except psutil.NoSuchProcess:
                 pass
+
+
+def test_scores_that_overflow_float32_are_refused(built):
+    """Finite query values near float32's limit give inf for every document: an error naming the query instead."""
+    index, _ = built
+    huge = pd.DataFrame({'qid': ['big'], 'query': 'x', 'query_embs': [np.full((2, DIM), 3e38, dtype=np.float32)]})
+    for retriever in (index.maxsim_retriever(), index.maxsim_retriever(exact=False, ann='flat'),
+                      index.multiquery_retriever(), index.mean_retriever()):
+        with pytest.raises(ValueError, match="query 'big.*float32 overflows"):
+            retriever(huge)
+    results = huge.assign(docno='b1-0', score=0., rank=0)
+    with pytest.raises(ValueError, match="query 'big'.*float32 overflows"):
+        index.maxsim_scorer()(results)
+
+
+@pytest.mark.parametrize('qid', [None, np.nan, 1.5, True, b'q'])
+def test_qids_must_be_non_null_strings_or_integers(built, qid):
+    index, queries = built
+    frame = pd.concat([queries, queries.assign(qid=[qid])], ignore_index=True)
+    for retriever in (index.maxsim_retriever(), index.multiquery_retriever(), index.mean_retriever()):
+        with pytest.raises(ValueError, match=r'qid .* is not a non-null string or integer'):
+            retriever(frame)
+    results = frame.assign(docno='b1-0', score=0., rank=0)
+    with pytest.raises(ValueError, match=r'qid .* is not a non-null string or integer'):
+        index.maxsim_scorer()(results)
+
+
+def test_integer_qids_are_kept(built):
+    index, queries = built
+    out = index.maxsim_retriever(num_results=2)(queries.assign(qid=[7]))
+    assert out['qid'].tolist() == [7, 7]
+
+
+@pytest.mark.parametrize('cls', [MultiVectorIndex, ShardedMultiVectorIndex])
+def test_an_overwrite_through_a_symlink_replaces_its_target(tmp_path, cls):
+    cls(tmp_path / 'target', verbose=False).index(tagged(1))
+    (tmp_path / 'link').symlink_to(tmp_path / 'target')
+    cls(tmp_path / 'link', verbose=False).indexer(overwrite=True).index(tagged(2))
+    assert (tmp_path / 'link').is_symlink()
+    assert cls(tmp_path / 'target').payload()[3].fwd[0] == 'b2-0'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['link', 'target']
+
+
+def test_approximate_search_memory_is_bounded_for_a_very_long_document(tmp_path):
+    """A document of 5,000 vectors among the candidates of 100 one-vector documents: the re-scoring holds about
+    the candidates' vectors, not every candidate padded to the longest."""
+    import tracemalloc
+    dim, rng = 16, np.random.default_rng(0)
+    long_doc = np.zeros((5000, dim), dtype=np.float32)
+    long_doc[0] = 2
+    docs = [{'docno': f'short-{i}', 'doc_embs': 1 + rng.uniform(0, .01, size=(1, dim)).astype(np.float32)}
+            for i in range(300)] + [{'docno': 'long', 'doc_embs': long_doc}]
+    index = MultiVectorIndex(tmp_path / 'index', verbose=False).index(docs)
+    queries = pd.DataFrame({'qid': ['q'], 'query': 'x',
+                            'query_embs': [1 + rng.uniform(0, .01, size=(4, dim)).astype(np.float32)]})
+    retriever = index.maxsim_retriever(exact=False, ann='flat', candidates=100, num_results=5)
+    retriever(queries)  # builds the FAISS stage
+    tracemalloc.start()
+    try:
+        out = retriever(queries)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    exact = index.maxsim_retriever(num_results=5)(queries)
+    assert out['docno'].tolist() == exact['docno'].tolist() and out['docno'][0] == 'long'
+    np.testing.assert_allclose(out['score'], exact['score'], rtol=1e-6)
+    candidate_bytes = (100 + 5000) * dim * 4
+    assert peak < 8 * candidate_bytes, f'{peak} bytes at the peak for {candidate_bytes} bytes of candidate vectors'
