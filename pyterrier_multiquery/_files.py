@@ -31,6 +31,12 @@ def remove_stale(folder: Path, prefix: str) -> None:
             _remove(leftover)
 
 
+def followed(path: PathLike) -> Path:
+    """``path``, or the path it links to where it is a symbolic link: a build replaces what the link points to."""
+    path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
 @contextmanager
 def building(path: PathLike) -> Iterator[Path]:
     """Yields a temporary path beside ``path`` that replaces ``path`` when the block completes.
@@ -40,9 +46,9 @@ def building(path: PathLike) -> Iterator[Path]:
     (``.NAME.old-PID``), so a build killed at any point leaves the old folder or nothing at ``path``, never a
     half-written or half-deleted one; where the system can swap two paths in one step (Linux), the new folder and
     the old one are swapped instead, so that ``path`` always holds one of them. Leftovers of killed builds of the
-    same ``path`` are removed on entry.
+    same ``path`` are removed on entry. Where ``path`` is a symbolic link, what it links to is replaced.
     """
-    path = Path(path)
+    path = followed(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for kind in ('building', 'old'):
         remove_stale(path.parent, f'.{path.name}.{kind}-')
@@ -120,9 +126,10 @@ def exclusive_lock(path: PathLike) -> Iterator[None]:
 
     Another process (or another open of the lock here) asking for the same lock waits until the block ends; the
     operating system releases it when the holder dies, so a killed build never leaves it taken. The holder removes
-    the lock file as it leaves; a waiter that then holds the removed file opens the lock again.
+    the lock file as it leaves; a waiter that then holds the removed file opens the lock again. Where ``path`` is a
+    symbolic link, the lock is that of what it links to.
     """
-    path = Path(path)
+    path = followed(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     lock_path = path.with_name(f'.{path.name}.lock')
     while True:

@@ -351,8 +351,8 @@ def _read_meta(path: Path, artifact: type = None) -> Tuple[dict, bytes]:
                 not all(isinstance(v, str) and re.fullmatch('[0-9a-f]{64}', v) for v in checksums.values()):
             raise CorruptIndexError(f'{str(meta_file)!r}: sha256 must map {files} to their SHA-256 (an index built '
                                     f'before indexes had checksums has none: rebuild it), got {checksums!r}')
-        if not isinstance(meta.get('build_id'), str):
-            raise CorruptIndexError(f'{str(meta_file)!r}: build_id must be a string, got {meta.get("build_id")!r}')
+    if not isinstance(meta.get('build_id'), str):
+        raise CorruptIndexError(f'{str(meta_file)!r}: build_id must be a string, got {meta.get("build_id")!r}')
     return meta, raw
 
 

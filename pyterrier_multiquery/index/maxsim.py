@@ -154,7 +154,7 @@ class MaxSimRetriever(pt.Transformer):
         if self._stage is None or self._stage[0] != meta:  # first search, or the index was rebuilt
             stage = CandidateStage(self.index.shards(), self.ann, self.quantizer, self.search_effort, self.device,
                                    verbose=self.verbose)
-            if stage.build_ids != meta.get('shard_build_ids', [meta['build_id']]):
+            if stage.build_ids != (meta['shard_build_ids'] if 'shard_build_ids' in meta else [meta['build_id']]):
                 raise CorruptIndexError(f'the index at {str(self.index.path)!r} was replaced by another build while '
                                         'this search opened it; search again')
             # with the offsets (where each document's rows start), the row table of the re-scoring
@@ -171,15 +171,32 @@ class MaxSimRetriever(pt.Transformer):
             stop = min(len(queries), start + self.batch_size)
             docids = candidate_documents(hits[first_rows[start]:first_rows[stop - 1] + vector_counts[stop - 1]],
                                          vector_counts[start:stop])
-            per_query = 4 * docids.shape[1] * _widest(docids, lengths) * meta['dim']
-            step = max(1, self.tile_bytes // max(1, per_query))  # as many queries as fit in a tile, at least one
             batch = queries[start:stop]
-            for first in range(0, len(batch), step):
-                chunk = docids[first:first + step]
-                chunk = chunk[:, :int((chunk >= 0).sum(axis=1).max())]
-                results.append(self._rescore(batch[first:first + step], chunk, vectors, offsets, lengths,
-                                             check, start + first))
+            bounded = padding_is_bounded(docids, lengths, meta['dim'], self.tile_bytes)
+            for first, last in _runs(bounded):
+                if not bounded[first]:  # one query, whose candidates padded to its longest would take too much memory
+                    results.append(self._rescore_unpadded(batch[first], docids[first], vectors, offsets, check,
+                                                          start + first))
+                    continue
+                run = docids[first:last]
+                per_query = 4 * run.shape[1] * _widest(run, lengths) * meta['dim']
+                step = max(1, self.tile_bytes // max(1, per_query))  # as many queries as fit in a tile, at least one
+                for a in range(first, last, step):
+                    chunk = docids[a:min(last, a + step)]
+                    chunk = chunk[:, :int((chunk >= 0).sum(axis=1).max())]
+                    results.append(self._rescore(batch[a:a + len(chunk)], chunk, vectors, offsets, lengths,
+                                                 check, start + a))
         return results
+
+    def _rescore_unpadded(self, query: np.ndarray, docids: np.ndarray, vectors, offsets, check,
+                          position: int) -> Tuple[np.ndarray, ...]:
+        """Exact MaxSim of one query against its candidates (``docids``, ascending, -1 padded), their vectors one
+        after another; returns its top (scores, docids, count) as :meth:`_rescore` does for several queries."""
+        docids = docids[docids >= 0]
+        scores = score_documents(torch.from_numpy(query).to(self.device), docids, vectors, offsets, self.aggregate)
+        check(scores[None], docids, position)
+        order = np.argsort(-scores, kind='stable')[:self.num_results]  # ties: ascending docid, as docids are
+        return scores[None, order], docids[None, order], np.array([len(order)])
 
     def _rescore(self, queries, docids: np.ndarray, vectors, offsets, lengths, check,
                  first_query: int) -> Tuple[np.ndarray, ...]:
@@ -263,6 +280,7 @@ class MaxSimScorer(pt.Transformer):
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Replaces ``score`` and ``rank`` with MaxSim's, per query."""
         pt.validate.result_frame(inp, extra_columns=['query_embs'])
+        check_qid_types(inp['qid'])
         meta, vectors, offsets, docnos = self.index.payload()
         if len(inp) == 0:
             return pt.model.add_ranks(inp.assign(score=pd.Series(dtype=float)))
@@ -356,8 +374,18 @@ def query_embs(embs, dim: int, qid) -> np.ndarray:
     return np.ascontiguousarray(embs)
 
 
+def check_qid_types(qids: pd.Series) -> None:
+    """Raises naming the first qid that is not a non-null string or integer (None or NaN would come back as NaN)."""
+    for qid in qids:  # not unique(): it takes 0.0 for 0
+        if not isinstance(qid, (str, int, np.integer)) or isinstance(qid, (bool, np.bool_)):
+            raise ValueError(f'qid {qid!r} ({type(qid).__name__}) is not a non-null string or integer; give each query '
+                             'a string qid')
+
+
 def check_unique_qids(inp: pd.DataFrame) -> None:
-    """Raises naming the first qid that has more than one row in a query frame (its lists would be mixed)."""
+    """Raises naming the first qid that is not a non-null string or integer, or has more than one row in a query
+    frame (its lists would be mixed)."""
+    check_qid_types(inp['qid'])
     repeated = inp['qid'].duplicated()
     if repeated.any():
         raise ValueError(f'qid {inp["qid"][repeated].iloc[0]!r} has more than one row; a query frame has one row '
@@ -423,6 +451,27 @@ def padded_queries(queries) -> Tuple[np.ndarray, np.ndarray]:
     padded[np.repeat(np.arange(len(queries)), lengths),
            np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)] = np.concatenate(queries)
     return padded, lengths
+
+
+def padding_is_bounded(docids: np.ndarray, lengths: np.ndarray, dim: int, tile_bytes: int) -> np.ndarray:
+    """Whether each query's candidates (a row of ``docids``, -1 padded), each padded to the longest of them, take
+    at most four times the memory of their own vectors or one tile of ``tile_bytes``."""
+    valid = docids >= 0
+    candidate_lengths = np.where(valid, lengths[np.where(valid, docids, 0)], 0)
+    padded = valid.sum(axis=1) * candidate_lengths.max(axis=1, initial=0)
+    return (padded <= 4 * candidate_lengths.sum(axis=1)) | (4 * padded * dim <= tile_bytes)
+
+
+def _runs(flags: np.ndarray) -> List[Tuple[int, int]]:
+    """``(first, last)`` ranges of consecutive True flags, and each False flag alone."""
+    runs, first = [], 0
+    while first < len(flags):
+        last = first + 1
+        while flags[first] and last < len(flags) and flags[last]:
+            last += 1
+        runs.append((first, last))
+        first = last
+    return runs
 
 
 def _widest(docids: np.ndarray, lengths: np.ndarray) -> int:
