@@ -339,3 +339,20 @@ def test_approximate_search_memory_is_bounded_for_a_very_long_document(tmp_path)
     np.testing.assert_allclose(out['score'], exact['score'], rtol=1e-6)
     candidate_bytes = (100 + 5000) * dim * 4
     assert peak < 8 * candidate_bytes, f'{peak} bytes at the peak for {candidate_bytes} bytes of candidate vectors'
+
+
+def test_scores_do_not_depend_on_how_queries_are_batched(tmp_path):
+    """A query's scores are the same bits whether it is searched alone or batched with others (one-vector queries
+    included: a product with one row took another kernel, whose sums rounded differently)."""
+    rng = np.random.default_rng(0)
+    docs = [{'docno': f'd{i}', 'doc_embs': rng.normal(size=(rng.integers(1, 30), 128)).astype(np.float32)}
+            for i in range(1000)]
+    index = MultiVectorIndex(tmp_path / 'index', verbose=False).index(docs)
+    queries = pd.DataFrame({'qid': [f'q{i}' for i in range(12)], 'query': 'x',
+                            'query_embs': [rng.normal(size=(1 if i % 3 == 0 else 1 + i, 128)).astype(np.float32)
+                                           for i in range(12)]})
+    for exact in (True, False):
+        runs = [index.maxsim_retriever(num_results=20, exact=exact, ann='flat', batch_size=batch_size)(queries)
+                for batch_size in (1, 5, 64)]
+        for run in runs[1:]:
+            pd.testing.assert_frame_equal(run, runs[0], check_exact=True)
