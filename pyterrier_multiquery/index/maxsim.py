@@ -26,11 +26,12 @@ def maxsim_scores(query, doc_vectors, doc_lengths, aggregate: str):
         aggregate: ``mean`` or ``sum`` over each query's vectors.
 
     Returns:
-        ``(batch, D)`` scores.
+        ``(batch, D)`` float32 scores, computed in float64: a float32 product's sums are rounded in an order that
+        depends on the product's shape, so that a query's scores would depend on the queries batched with it.
     """
     queries = query if isinstance(query, list) else [query]
-    stacked = torch.cat(queries)
-    sims = stacked @ doc_vectors.T
+    stacked = torch.cat(queries).double()
+    sims = stacked @ doc_vectors.double().T
     doc_count = len(doc_lengths)
     if doc_count and bool((doc_lengths == doc_lengths[0]).all()):  # equal lengths: a plain reshape
         per_doc = sims.view(len(stacked), doc_count, -1).amax(dim=2)
@@ -42,7 +43,7 @@ def maxsim_scores(query, doc_vectors, doc_lengths, aggregate: str):
     query_of_row = torch.repeat_interleave(torch.arange(len(queries), device=sims.device), query_lengths)
     scores = torch.zeros((len(queries), doc_count), device=sims.device, dtype=sims.dtype)
     scores.index_add_(0, query_of_row, per_doc)
-    return scores / query_lengths[:, None] if aggregate == 'mean' else scores
+    return (scores / query_lengths[:, None] if aggregate == 'mean' else scores).float()
 
 
 class MaxSimRetriever(pt.Transformer):
@@ -130,8 +131,8 @@ class MaxSimRetriever(pt.Transformer):
                    for start in range(0, len(queries), self.batch_size)]
         best = [(torch.empty((len(batch), 0), device=self.device),
                  torch.empty((len(batch), 0), dtype=torch.long, device=self.device)) for batch in batches]
-        tile_vectors = [max(1, self.tile_bytes // (4 * (sum(len(q) for q in batch) + meta['dim'])))
-                        for batch in batches]  # a tile's float32 vectors and its similarities
+        tile_vectors = [max(1, self.tile_bytes // (8 * (sum(len(q) for q in batch) + meta['dim'])))
+                        for batch in batches]  # a tile's float64 vectors and its similarities
         blocks = document_blocks(offsets, self.block_vectors)
         if self.verbose:
             blocks = pt.tqdm(blocks, desc=repr(self), unit='block')
@@ -179,7 +180,7 @@ class MaxSimRetriever(pt.Transformer):
                                                           start + first))
                     continue
                 run = docids[first:last]
-                per_query = 4 * run.shape[1] * _widest(run, lengths) * meta['dim']
+                per_query = 8 * run.shape[1] * _widest(run, lengths) * meta['dim']
                 step = max(1, self.tile_bytes // max(1, per_query))  # as many queries as fit in a tile, at least one
                 for a in range(first, last, step):
                     chunk = docids[a:min(last, a + step)]
@@ -213,12 +214,14 @@ class MaxSimRetriever(pt.Transformer):
         # each document's rows, its last row repeated up to the widest candidate (a repeat leaves the max as it is)
         rows = np.minimum(starts[:, :, None] + np.arange(widest), ends[:, :, None] - 1)
         doc_vectors = torch.from_numpy(np.require(vectors[rows.reshape(-1)], requirements=['C', 'W']))
-        doc_vectors = doc_vectors.to(self.device).float().view(count, width * widest, -1)
+        # in float64, as maxsim_scores, so that the scores do not depend on the queries batched together
+        doc_vectors = doc_vectors.to(self.device).double().view(count, width * widest, -1)
         padded, query_lengths = padded_queries(queries)  # zero rows: a max of 0, which adds nothing to the sum
-        sims = torch.bmm(torch.from_numpy(padded).to(self.device), doc_vectors.transpose(1, 2))
+        sims = torch.bmm(torch.from_numpy(padded).to(self.device).double(), doc_vectors.transpose(1, 2))
         scores = sims.view(count, -1, width, widest).amax(dim=3).sum(dim=1)
         if self.aggregate == 'mean':
             scores = scores / torch.from_numpy(query_lengths).to(self.device)[:, None]
+        scores = scores.float()
         check(scores.masked_fill(~torch.from_numpy(valid).to(self.device), 0), safe, first_query)
         scores = scores.masked_fill(~torch.from_numpy(valid).to(self.device), -torch.inf)
         scores, order = scores.sort(dim=1, descending=True, stable=True)  # ties: ascending docid, as docids are
@@ -459,7 +462,7 @@ def padding_is_bounded(docids: np.ndarray, lengths: np.ndarray, dim: int, tile_b
     valid = docids >= 0
     candidate_lengths = np.where(valid, lengths[np.where(valid, docids, 0)], 0)
     padded = valid.sum(axis=1) * candidate_lengths.max(axis=1, initial=0)
-    return (padded <= 4 * candidate_lengths.sum(axis=1)) | (4 * padded * dim <= tile_bytes)
+    return (padded <= 4 * candidate_lengths.sum(axis=1)) | (8 * padded * dim <= tile_bytes)
 
 
 def _runs(flags: np.ndarray) -> List[Tuple[int, int]]:
