@@ -1,4 +1,5 @@
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,37 @@ def save_tiny_bert(tmp_path_factory):
                                 sep_token='[SEP]', mask_token='[MASK]').save_pretrained(path)
         return path
     return save
+
+
+class FaultCases:
+    """The generated cases the fault suite ran (``fault_cases()`` counts one) and the time of its tests."""
+
+    def __init__(self):
+        self.count, self.tests, self.seconds = 0, 0, 0.
+
+    def __call__(self, cases: int = 1) -> None:
+        self.count += cases
+
+
+FAULT_CASES = FaultCases()
+
+
+@pytest.fixture(scope='session')
+def fault_cases():
+    """Counts the cases of a fault-suite test; the total and the suite's time are printed at the end of the run."""
+    return FAULT_CASES
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    start = time.perf_counter()
+    yield
+    if 'fault_cases' in getattr(item, 'fixturenames', ()):
+        FAULT_CASES.tests += 1
+        FAULT_CASES.seconds += time.perf_counter() - start
+
+
+def pytest_terminal_summary(terminalreporter):
+    if FAULT_CASES.tests:
+        terminalreporter.write_line(f'fault suite: {FAULT_CASES.count} generated cases in {FAULT_CASES.tests} tests, '
+                                    f'{FAULT_CASES.seconds:.1f} s')
