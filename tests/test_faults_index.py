@@ -89,8 +89,8 @@ def test_files_with_bytes_appended_raise_or_change_nothing(original, name, tail)
 @given(name=st.sampled_from(['pt_meta.json', 'offsets.i8', 'docnos.npids']), where=st.floats(0, 1, exclude_max=True),
        flip=st.integers(1, 255))
 def test_changed_bytes_raise_or_change_nothing(original, name, where, flip):
-    """A changed byte of the metadata, the offsets or the docnos (the last two are checksummed). The vectors are
-    not checksummed: that would read the whole corpus at every load."""
+    """A changed byte of the metadata, the offsets or the docnos (the last two are checked at every open). The
+    vectors and FAISS files are checked by verify() (tests/test_fault_suite.py)."""
     def change(data):
         data = bytearray(data)
         data[int(len(data) * where)] ^= flip

@@ -1,4 +1,5 @@
 """FAISS indexes over all stored vectors of a MultiVectorIndex: the candidate stage of approximate MaxSim."""
+import hashlib
 import json
 import math
 import os
@@ -128,8 +129,6 @@ def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, 
 
 def _write_stamped(ann, path: Path, build_id: str) -> None:
     """Writes a FAISS index followed by its stamp (see :data:`STAMP_MAGIC`)."""
-    import hashlib
-
     import faiss
     digest = hashlib.sha256()
     with open(path, 'wb') as f:
