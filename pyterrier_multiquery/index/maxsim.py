@@ -180,7 +180,7 @@ class MaxSimRetriever(pt.Transformer):
                                                           start + first))
                     continue
                 run = docids[first:last]
-                per_query = 8 * run.shape[1] * _widest(run, lengths) * meta['dim']
+                per_query = 4 * run.shape[1] * _widest(run, lengths) * meta['dim']
                 step = max(1, self.tile_bytes // max(1, per_query))  # as many queries as fit in a tile, at least one
                 for a in range(first, last, step):
                     chunk = docids[a:min(last, a + step)]
@@ -214,14 +214,12 @@ class MaxSimRetriever(pt.Transformer):
         # each document's rows, its last row repeated up to the widest candidate (a repeat leaves the max as it is)
         rows = np.minimum(starts[:, :, None] + np.arange(widest), ends[:, :, None] - 1)
         doc_vectors = torch.from_numpy(np.require(vectors[rows.reshape(-1)], requirements=['C', 'W']))
-        # in float64, as maxsim_scores, so that the scores do not depend on the queries batched together
-        doc_vectors = doc_vectors.to(self.device).double().view(count, width * widest, -1)
+        doc_vectors = doc_vectors.to(self.device).float().view(count, width * widest, -1)
         padded, query_lengths = padded_queries(queries)  # zero rows: a max of 0, which adds nothing to the sum
-        sims = torch.bmm(torch.from_numpy(padded).to(self.device).double(), doc_vectors.transpose(1, 2))
+        sims = torch.bmm(torch.from_numpy(padded).to(self.device), doc_vectors.transpose(1, 2))
         scores = sims.view(count, -1, width, widest).amax(dim=3).sum(dim=1)
         if self.aggregate == 'mean':
             scores = scores / torch.from_numpy(query_lengths).to(self.device)[:, None]
-        scores = scores.float()
         check(scores.masked_fill(~torch.from_numpy(valid).to(self.device), 0), safe, first_query)
         scores = scores.masked_fill(~torch.from_numpy(valid).to(self.device), -torch.inf)
         scores, order = scores.sort(dim=1, descending=True, stable=True)  # ties: ascending docid, as docids are
@@ -462,7 +460,7 @@ def padding_is_bounded(docids: np.ndarray, lengths: np.ndarray, dim: int, tile_b
     valid = docids >= 0
     candidate_lengths = np.where(valid, lengths[np.where(valid, docids, 0)], 0)
     padded = valid.sum(axis=1) * candidate_lengths.max(axis=1, initial=0)
-    return (padded <= 4 * candidate_lengths.sum(axis=1)) | (8 * padded * dim <= tile_bytes)
+    return (padded <= 4 * candidate_lengths.sum(axis=1)) | (4 * padded * dim <= tile_bytes)
 
 
 def _runs(flags: np.ndarray) -> List[Tuple[int, int]]:
