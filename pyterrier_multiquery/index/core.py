@@ -187,8 +187,9 @@ class MultiVectorIndexer(pt.Indexer):
                     elif embs.shape[1] != dim:
                         raise ValueError(f'document {docno!r} has vectors of size {embs.shape[1]}, '
                                          f'expected {dim} as the earlier documents')
-                    vecs.write(embs.tobytes())
-                    vectors_sha256.update(embs.tobytes())
+                    data = embs.tobytes()
+                    vecs.write(data)
+                    vectors_sha256.update(data)
                     docnos.add(docno)
                     offsets.append(offsets[-1] + embs.shape[0])
             _check_unique(tmp / 'docnos.npids', len(offsets) - 1)
