@@ -120,7 +120,10 @@ def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, 
     try:
         _write_stamped(ann, tmp, meta['build_id'])
         if index.payload()[0]['build_id'] == meta['build_id']:  # not when the index was replaced meanwhile
-            os.replace(tmp, path)
+            try:
+                os.replace(tmp, path)
+            except FileNotFoundError:
+                pass  # replaced since the check (its folder, with tmp, went with the old build): kept in memory only
     finally:
         if tmp.exists():
             tmp.unlink()
