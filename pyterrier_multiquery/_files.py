@@ -144,7 +144,10 @@ def exclusive_lock(path: PathLike) -> Iterator[None]:
     try:
         yield
     finally:
-        os.unlink(lock_path)
+        try:
+            os.unlink(lock_path)
+        except FileNotFoundError:  # its folder was removed meanwhile
+            pass
         lock.close()  # releases the lock
 
 
