@@ -1,11 +1,13 @@
 """Writing folders (indexes, caches, saved models) so that an interrupted build never leaves one that loads."""
+import ctypes
+import errno
 import fcntl
 import hashlib
 import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Union
+from typing import BinaryIO, Callable, Iterator, Optional, Union
 
 PathLike = Union[str, Path]
 
@@ -29,6 +31,12 @@ def remove_stale(folder: Path, prefix: str) -> None:
             _remove(leftover)
 
 
+def followed(path: PathLike) -> Path:
+    """``path``, or the path it links to where it is a symbolic link: a build replaces what the link points to."""
+    path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
 @contextmanager
 def building(path: PathLike) -> Iterator[Path]:
     """Yields a temporary path beside ``path`` that replaces ``path`` when the block completes.
@@ -36,9 +44,11 @@ def building(path: PathLike) -> Iterator[Path]:
     The caller creates the folder at the temporary path (``.NAME.building-PID``). If the block raises, the
     temporary folder is removed and ``path`` is left as it was. Whatever is at ``path`` is first renamed away
     (``.NAME.old-PID``), so a build killed at any point leaves the old folder or nothing at ``path``, never a
-    half-written or half-deleted one. Leftovers of killed builds of the same ``path`` are removed on entry.
+    half-written or half-deleted one; where the system can swap two paths in one step (Linux), the new folder and
+    the old one are swapped instead, so that ``path`` always holds one of them. Leftovers of killed builds of the
+    same ``path`` are removed on entry. Where ``path`` is a symbolic link, what it links to is replaced.
     """
-    path = Path(path)
+    path = followed(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for kind in ('building', 'old'):
         remove_stale(path.parent, f'.{path.name}.{kind}-')
@@ -50,6 +60,8 @@ def building(path: PathLike) -> Iterator[Path]:
         yield tmp
         if not os.path.lexists(tmp):
             raise FileNotFoundError(f'the build wrote nothing at {str(tmp)!r}; {str(path)!r} is left as it was')
+        if os.path.lexists(path) and _exchange(tmp, path):
+            return  # the old folder, now at tmp, is removed below
         if os.path.lexists(path):
             os.replace(path, old)
         try:
@@ -61,6 +73,27 @@ def building(path: PathLike) -> Iterator[Path]:
     finally:
         _remove(tmp)
         _remove(old)
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swaps two existing paths in one step (Linux's ``renameat2`` with ``RENAME_EXCHANGE``).
+
+    Returns:
+        False, having changed nothing, where the system or the file system cannot.
+    """
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), 'renameat2', None)
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), str(first), None, str(second))
 
 
 def _remove(path: Path) -> None:
@@ -94,22 +127,46 @@ def exclusive_lock(path: PathLike) -> Iterator[None]:
     """Holds an exclusive inter-process lock for ``path`` (on the file ``.NAME.lock`` beside it) within the block.
 
     Another process (or another open of the lock here) asking for the same lock waits until the block ends; the
-    operating system releases it when the holder dies, so a killed build never leaves it taken.
+    operating system releases it when the holder dies, so a killed build never leaves it taken. The holder removes
+    the lock file as it leaves; a waiter that then holds the removed file opens the lock again. Where ``path`` is a
+    symbolic link, the lock is that of what it links to.
     """
-    path = Path(path)
+    path = followed(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(f'.{path.name}.lock'), 'a') as lock:
+    lock_path = path.with_name(f'.{path.name}.lock')
+    while True:
+        lock = open(lock_path, 'a')
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            if os.path.samestat(os.fstat(lock.fileno()), os.stat(lock_path)):
+                break
+        except FileNotFoundError:
+            pass
+        lock.close()  # the holder before removed this file: lock the one at lock_path now
+    try:
+        yield
+    finally:
+        try:
+            os.unlink(lock_path)
+        except FileNotFoundError:  # its folder was removed meanwhile
+            pass
+        lock.close()  # releases the lock
 
 
-def file_sha256(path: PathLike, chunk: int = 1 << 20) -> str:
-    """The SHA-256 of a file's bytes, as hex."""
+def file_sha256(path: Union[PathLike, BinaryIO], chunk: int = 1 << 20, *, length: Optional[int] = None) -> str:
+    """The SHA-256 of a file's bytes, as hex.
+
+    Args:
+        path: The file, or a binary file open for reading (read from where it stands).
+        chunk: Bytes read at a time.
+        length: Hash only this many bytes (default: to the end).
+    """
+    if not hasattr(path, 'read'):
+        with open(path, 'rb') as f:
+            return file_sha256(f, chunk, length=length)
     digest = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for block in iter(lambda: f.read(chunk), b''):
-            digest.update(block)
+    left = float('inf') if length is None else length
+    while left > 0 and (block := path.read(int(min(chunk, left)))):
+        digest.update(block)
+        left -= len(block)
     return digest.hexdigest()

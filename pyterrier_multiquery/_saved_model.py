@@ -1,15 +1,17 @@
 """Trained models as PyTerrier artifacts: a saved model folder carries ``pt_meta.json``, checked when it loads.
 
 ``pt_meta.json`` names the artifact's type and format (so ``pt.Artifact.load``, ``from_hf`` and ``from_url`` find
-the class through the ``pyterrier.artifact`` entry points), the package and its version, and the size of every
-file the model wrote, so a missing or truncated file is named when the model loads instead of failing deep inside
-transformers or torch.
+the class through the ``pyterrier.artifact`` entry points), the package and its version, and the size and SHA-256 of
+every file the model wrote, so a missing, truncated or changed file is named when the model loads instead of failing
+deep inside transformers or torch, or changing the model's output silently.
 """
 import json
 from pathlib import Path
 from typing import Optional, Union
 
 import pyterrier as pt
+
+from pyterrier_multiquery._files import file_sha256
 
 META_NAME = 'pt_meta.json'
 PathLike = Union[str, Path]
@@ -45,6 +47,25 @@ class SavedModel(pt.Artifact):
         _check_type(path, meta, cls)
         return cls.from_pretrained(path, **kwargs)
 
+    @classmethod
+    def verify(cls, path: PathLike) -> None:
+        """Checks every file of the model saved at ``path`` against the size and SHA-256 in its ``pt_meta.json``.
+
+        Raises:
+            FileNotFoundError: If ``path`` has no ``pt_meta.json`` or misses a file the model wrote.
+            ValueError: If ``pt_meta.json`` names another type of artifact.
+            CorruptModelError: If a file changed, or ``pt_meta.json`` has no checksums (a model saved before they
+                were written: save it again).
+        """
+        meta = read_meta(path)
+        if meta is None:
+            raise FileNotFoundError(f'{str(path)!r} has no {META_NAME}: it is not a saved {cls.__name__}')
+        _check_type(path, meta, cls)
+        if 'sha256' not in meta:
+            raise CorruptModelError(f'{str(Path(path) / META_NAME)!r} has no checksums (the model was saved before '
+                                    'they were written): save it again')
+        _check_files(Path(path), meta, cls)
+
 
 def write_meta(folder: Path, cls: type) -> None:
     """Writes ``pt_meta.json`` into a model folder whose other files are complete.
@@ -54,9 +75,11 @@ def write_meta(folder: Path, cls: type) -> None:
         cls: The :class:`SavedModel` subclass that wrote it.
     """
     from pyterrier_multiquery import __version__
-    files = {p.relative_to(folder).as_posix(): p.stat().st_size for p in sorted(folder.rglob('*')) if p.is_file()}
+    written = [p for p in sorted(folder.rglob('*')) if p.is_file()]
+    files = {p.relative_to(folder).as_posix(): p.stat().st_size for p in written}
     meta = {'type': cls.ARTIFACT_TYPE, 'format': cls.ARTIFACT_FORMAT, 'package_hint': cls.ARTIFACT_PACKAGE_HINT,
-            'package_version': __version__, 'files': files}
+            'package_version': __version__, 'files': files,
+            'sha256': {p.relative_to(folder).as_posix(): file_sha256(p) for p in written}}
     (folder / META_NAME).write_text(json.dumps(meta, indent=2))
 
 
@@ -92,7 +115,8 @@ def check_saved(path: PathLike, cls: type, config_name: str) -> bool:
     """Whether ``path`` holds a model that ``cls`` saved, its files checked against ``pt_meta.json``.
 
     A folder is one when it has ``cls``'s ``config_name`` or a ``pt_meta.json`` of ``cls``'s type; folders saved
-    before models had ``pt_meta.json`` pass unchecked.
+    before models had ``pt_meta.json`` pass unchecked, and those saved before it had checksums are checked by size.
+    Every file is read once to check it: about what loading the model reads anyway.
 
     Returns:
         False where ``path`` is neither (a backbone checkpoint, say).
@@ -100,7 +124,8 @@ def check_saved(path: PathLike, cls: type, config_name: str) -> bool:
     Raises:
         FileNotFoundError: If ``path`` is not a folder or misses a file the model wrote.
         ValueError: If ``path`` has ``config_name`` but its ``pt_meta.json`` names another type of artifact.
-        CorruptModelError: If a file has another size than the one written, or ``pt_meta.json`` is unreadable.
+        CorruptModelError: If a file has another size or SHA-256 than the one written, or ``pt_meta.json`` is
+            unreadable.
     """
     path = Path(path)
     meta = read_meta(path)
@@ -110,6 +135,12 @@ def check_saved(path: PathLike, cls: type, config_name: str) -> bool:
     if not has_config and meta.get('type') != cls.ARTIFACT_TYPE:
         return False
     _check_type(path, meta, cls)
+    _check_files(path, meta, cls)
+    return True
+
+
+def _check_files(path: Path, meta: dict, cls: type) -> None:
+    """Checks the files ``pt_meta.json`` lists: present, of their sizes and (where it has them) their SHA-256."""
     files = meta.get('files')
     if not isinstance(files, dict):
         raise CorruptModelError(f'{str(path / META_NAME)!r} does not list the model\'s files')
@@ -122,7 +153,15 @@ def check_saved(path: PathLike, cls: type, config_name: str) -> bool:
         if actual != size:
             raise CorruptModelError(f'{str(path / name)!r} has {actual} bytes where {size} were written: it is '
                                     'truncated or damaged; save or download the model again')
-    return True
+    checksums = meta.get('sha256')
+    if checksums is None:  # saved before models had checksums
+        return
+    if not isinstance(checksums, dict) or set(checksums) != set(files):
+        raise CorruptModelError(f'{str(path / META_NAME)!r}: sha256 must list the SHA-256 of each of its files')
+    for name, checksum in checksums.items():
+        if file_sha256(path / name) != checksum:
+            raise CorruptModelError(f'{str(path / name)!r}: its SHA-256 differs from the one in {META_NAME}: the file '
+                                    'changed since the model was saved; save or download the model again')
 
 
 def _check_type(path: PathLike, meta: dict, cls: type) -> None:

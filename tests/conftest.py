@@ -1,5 +1,6 @@
 import importlib.metadata
 import os
+import time
 from pathlib import Path
 
 import pyterrier as pt
@@ -50,3 +51,37 @@ def declared_entry_points(monkeypatch):
             return tuple(importlib.metadata.EntryPoint(name, value, group) for name, value in declared.items())
         return installed(group)
     monkeypatch.setattr(pt.utils, 'entry_points', entry_points)
+
+
+class FaultCases:
+    """The generated cases the fault suite ran (``fault_cases()`` counts one) and the time of its tests."""
+
+    def __init__(self):
+        self.count, self.tests, self.seconds = 0, 0, 0.
+
+    def __call__(self, cases: int = 1) -> None:
+        self.count += cases
+
+
+FAULT_CASES = FaultCases()
+
+
+@pytest.fixture(scope='session')
+def fault_cases():
+    """Counts the cases of a fault-suite test; the total and the suite's time are printed at the end of the run."""
+    return FAULT_CASES
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    start = time.perf_counter()
+    yield
+    if 'fault_cases' in getattr(item, 'fixturenames', ()):
+        FAULT_CASES.tests += 1
+        FAULT_CASES.seconds += time.perf_counter() - start
+
+
+def pytest_terminal_summary(terminalreporter):
+    if FAULT_CASES.tests:
+        terminalreporter.write_line(f'fault suite: {FAULT_CASES.count} generated cases in {FAULT_CASES.tests} tests, '
+                                    f'{FAULT_CASES.seconds:.1f} s')

@@ -223,3 +223,28 @@ def test_a_trained_model_loads_into_its_transformer(tiny_bert, tmp_path, declare
     expected = JPR(model, k=2, num_candidates=3, device='cpu')(frame)
     pd.testing.assert_frame_equal(JPR(pt.Artifact.load(str(tmp_path / 'jpr')), k=2, num_candidates=3,
                                       device='cpu')(frame), expected)
+
+
+@pytest.mark.parametrize('kind', KINDS)
+def test_changed_bytes_in_a_saved_model_are_refused(kind, tiny_bert, tmp_path):
+    """A flipped byte or a NaN in the weights, or a flipped first byte of any file, is named at load, and verify()
+    names it too."""
+    model, _ = make(kind, tiny_bert)
+    model.save_pretrained(tmp_path / 'saved')
+    cls = type(model)
+    files = [p for p in sorted((tmp_path / 'saved').rglob('*')) if p.is_file() and p.name != 'pt_meta.json']
+    weights = weights_of(tmp_path / 'saved')
+    changes = [(weights, len(weights.read_bytes()) - 4, np.float32(np.nan).tobytes())]
+    changes += [(file, 0, bytes([file.read_bytes()[0] ^ 1])) for file in files]
+    for file, position, new in changes:
+        shutil.copytree(tmp_path / 'saved', tmp_path / 'copy')
+        damaged = tmp_path / 'copy' / file.relative_to(tmp_path / 'saved')
+        data = bytearray(damaged.read_bytes())
+        data[position:position + len(new)] = new
+        damaged.write_bytes(bytes(data))
+        with pytest.raises(CorruptModelError, match=f'{damaged.name}.* SHA-256 differs'):
+            cls.load(tmp_path / 'copy')
+        with pytest.raises(CorruptModelError, match=f'{damaged.name}.* SHA-256 differs'):
+            cls.verify(tmp_path / 'copy')
+        shutil.rmtree(tmp_path / 'copy')
+    cls.verify(tmp_path / 'saved')

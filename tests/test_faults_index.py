@@ -64,12 +64,13 @@ def test_truncated_files_raise(original, name, keep):
 
 
 def assert_caught_or_harmless(original, folder, name):
-    """Loading the damaged copy raises CorruptIndexError naming the file, or (only for the metadata, where a
-    build id, a hint or white space may change) it gives exactly the original results."""
+    """Loading the damaged copy raises CorruptIndexError naming the file (or, for the metadata, the file that no
+    longer matches it: a changed build id disowns the FAISS file), or (only for the metadata, where a hint or white
+    space may change) it gives exactly the original results."""
     try:
         results = load_and_search(folder / 'index')
     except CorruptIndexError as e:
-        assert name in str(e)
+        assert name in str(e) or (name == 'pt_meta.json' and 'another build' in str(e)), str(e)
     else:
         assert name == 'pt_meta.json'
         for got, expected in zip(results, original[1]):
@@ -88,8 +89,8 @@ def test_files_with_bytes_appended_raise_or_change_nothing(original, name, tail)
 @given(name=st.sampled_from(['pt_meta.json', 'offsets.i8', 'docnos.npids']), where=st.floats(0, 1, exclude_max=True),
        flip=st.integers(1, 255))
 def test_changed_bytes_raise_or_change_nothing(original, name, where, flip):
-    """A changed byte of the metadata, the offsets or the docnos (the last two are checksummed). The vectors are
-    not checksummed: that would read the whole corpus at every load."""
+    """A changed byte of the metadata, the offsets or the docnos (the last two are checked at every open). The
+    vectors and FAISS files are checked by verify() (tests/test_fault_suite.py)."""
     def change(data):
         data = bytearray(data)
         data[int(len(data) * where)] ^= flip

@@ -171,13 +171,14 @@ def test_corrupt_files_are_named(collection, tmp_path, damage):
         offsets[5] = offsets[4]
         offsets.tofile(path / 'offsets.i8')
         match = 'offsets.i8.*changed since the index was built'
-    else:  # an index written before checksums: the offsets' own check
-        meta = json.loads((path / 'pt_meta.json').read_text())
-        del meta['crc32']
-        (path / 'pt_meta.json').write_text(json.dumps(meta))
+    else:  # offsets written wrong with their checksum: the offsets' own check
+        from pyterrier_multiquery._files import file_sha256
         offsets = np.fromfile(path / 'offsets.i8', dtype=np.int64)
         offsets[5] = offsets[4]
         offsets.tofile(path / 'offsets.i8')
+        meta = json.loads((path / 'pt_meta.json').read_text())
+        meta['sha256']['offsets.i8'] = file_sha256(path / 'offsets.i8')
+        (path / 'pt_meta.json').write_text(json.dumps(meta))
         match = 'not an increasing sequence'
     with pytest.raises(CorruptIndexError, match=match):
         MultiVectorIndex(path).payload()
@@ -193,7 +194,7 @@ def test_corrupt_faiss_file_is_named(collection, tmp_path):
     ann_file.write_bytes(b'not a faiss index')
     # the index object keeps the FAISS index it loaded; another one reads the file again
     copy = MultiVectorIndex(tmp_path / 'copy', verbose=False)
-    with pytest.raises(CorruptIndexError, match='ann.Flat.faiss.*cannot be read'):
+    with pytest.raises(CorruptIndexError, match='ann.Flat.faiss.*no readable stamp'):
         copy.maxsim_retriever(exact=False, ann='flat')(topics_frame([np.ones((1, 16))]))
 
 

@@ -1,6 +1,9 @@
 """FAISS indexes over all stored vectors of a MultiVectorIndex: the candidate stage of approximate MaxSim."""
+import hashlib
+import json
 import math
 import os
+import struct
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -8,7 +11,7 @@ import numpy as np
 import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
-from pyterrier_multiquery._files import remove_stale
+from pyterrier_multiquery._files import file_sha256, remove_stale
 from pyterrier_multiquery.index.errors import CorruptIndexError
 
 ANN_KINDS = ('flat', 'ivf', 'hnsw')
@@ -49,32 +52,50 @@ def faiss_factory(kind: str, quantizer: Optional[str], vec_count: int) -> str:
     return 'HNSW32' if storage == 'Flat' else f'HNSW32_{storage}'
 
 
-def ann_file(index, kind: str = 'ivf', quantizer: Optional[str] = None) -> Path:
-    """Where the FAISS index of ``index``'s vectors for (kind, quantizer) is kept: in the index folder."""
-    factory = faiss_factory(kind, quantizer, index.payload()[0]['vec_count'])
+def ann_file(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, payload=None) -> Path:
+    """Where the FAISS index of ``index``'s vectors for (kind, quantizer) is kept: in the index folder (``payload``:
+    the index's, if already loaded)."""
+    factory = faiss_factory(kind, quantizer, (payload or index.payload())[0]['vec_count'])
     return Path(index.path) / f'ann.{factory.replace(",", "_")}.faiss'
 
 
-def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, verbose: bool = True):
+#: A FAISS file of the index ends with a JSON stamp (the build it was made from, the size and SHA-256 of the FAISS
+#: bytes before it), the stamp's length (8 bytes, little-endian) and these 8 bytes.
+STAMP_MAGIC = b'MVI-ANN1'
+
+
+def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, verbose: bool = True,
+                  payload=None):
     """Loads the FAISS index of ``index``'s vectors for (kind, quantizer), building and caching it the first time.
 
     The FAISS file lives in the index folder, written under a temporary name and renamed once complete (the
-    temporary files of killed builds are removed).
+    temporary files of killed builds are removed). It is stamped with the build of the index it was made from and
+    its checksum, both checked when it loads.
+
+    Args:
+        payload: ``index.payload()``, where the caller has it (the FAISS index is then of that very build).
 
     Returns:
         The CPU :class:`faiss.Index` (inner-product metric).
+
+    Raises:
+        CorruptIndexError: If the FAISS file was made from another build, or changed since it was written.
     """
     with requires('dense'):
         import faiss
 
-    meta, vectors, _, _ = index.payload()
+    meta, vectors, offsets, docnos = payload or index.payload()
     factory = faiss_factory(kind, quantizer, meta['vec_count'])
-    path = ann_file(index, kind, quantizer)
+    path = ann_file(index, kind, quantizer, payload=(meta, vectors, offsets, docnos))
     if path.exists():
-        try:
-            return faiss.read_index(str(path))
-        except RuntimeError as e:
-            raise CorruptIndexError(f'FAISS file {str(path)!r} cannot be read (delete it to rebuild): {e}') from None
+        with open(path, 'rb') as f:
+            size = check_ann_file(f, meta['build_id'], path)
+            f.seek(0)
+            try:
+                return faiss.read_index(faiss.PyCallbackIOReader(lambda n: f.read(min(n, size - f.tell()))))
+            except RuntimeError as e:
+                raise CorruptIndexError(f'FAISS file {str(path)!r} cannot be read (delete it to rebuild): '
+                                        f'{e}') from None
     remove_stale(path.parent, f'.{path.name}.tmp-')  # left by builds that were killed
     ann = faiss.index_factory(meta['dim'], factory, faiss.METRIC_INNER_PRODUCT)
     if not ann.is_trained:
@@ -88,15 +109,92 @@ def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, 
     if verbose:
         starts = pt.tqdm(starts, desc=f'building {factory}', unit='chunk')
     for start in starts:
-        ann.add(np.ascontiguousarray(vectors[start:start + chunk], dtype=np.float32))
+        block = np.ascontiguousarray(vectors[start:start + chunk], dtype=np.float32)
+        if not np.isfinite(block).all():
+            row = start + int(np.argmin(np.isfinite(block).all(axis=1)))
+            docno = str(docnos.fwd[int(np.searchsorted(offsets, row, side='right')) - 1])
+            raise CorruptIndexError(f'document {docno!r} has non-finite values (NaN or inf) in its stored vectors: '
+                                    f'the index at {str(index.path)!r} is damaged; rebuild it')
+        ann.add(block)
     tmp = path.with_name(f'.{path.name}.tmp-{os.getpid()}')
     try:
-        faiss.write_index(ann, str(tmp))
-        os.replace(tmp, path)
+        _write_stamped(ann, tmp, meta['build_id'])
+        if index.payload()[0]['build_id'] == meta['build_id']:  # not when the index was replaced meanwhile
+            try:
+                os.replace(tmp, path)
+            except FileNotFoundError:
+                pass  # replaced since the check (its folder, with tmp, went with the old build): kept in memory only
     finally:
         if tmp.exists():
             tmp.unlink()
     return ann
+
+
+def _write_stamped(ann, path: Path, build_id: str) -> None:
+    """Writes a FAISS index followed by its stamp (see :data:`STAMP_MAGIC`)."""
+    import faiss
+    digest = hashlib.sha256()
+    with open(path, 'wb') as f:
+        def write(data):
+            digest.update(data)
+            return f.write(data)
+        faiss.write_index(ann, faiss.PyCallbackIOWriter(write))
+        stamp = json.dumps({'build_id': build_id, 'size': f.tell(), 'sha256': digest.hexdigest()}).encode()
+        f.write(stamp + struct.pack('<Q', len(stamp)) + STAMP_MAGIC)
+
+
+def check_ann_file(file, build_id: str, path: Optional[Path] = None) -> int:
+    """Checks a FAISS file's stamp against the index build ``build_id`` and its bytes against their SHA-256.
+
+    Args:
+        file: The FAISS file, or a binary file open on it.
+        build_id: The build of the index the FAISS file belongs to.
+        path: The file's path, for messages, where ``file`` is an open file.
+
+    Returns:
+        The size of the FAISS bytes (before the stamp).
+
+    Raises:
+        CorruptIndexError: Naming the file, if it has no readable stamp, was made from another build, or changed.
+    """
+    if not hasattr(file, 'read'):
+        with open(file, 'rb') as f:
+            return check_ann_file(f, build_id, Path(file))
+    name = repr(str(path))
+    stamp = _read_stamp(file)
+    if stamp is None:
+        raise CorruptIndexError(f'FAISS file {name} has no readable stamp of the index build it was made from (it is '
+                                'damaged, or was written by an older version); delete it to rebuild it')
+    if stamp.get('build_id') != build_id:
+        raise CorruptIndexError(f'FAISS file {name} was made from another build of an index '
+                                f'({stamp.get("build_id")!r}), not from this one ({build_id!r}); delete it '
+                                'to rebuild it')
+    file.seek(0)
+    if file_sha256(file, length=stamp['size']) != stamp['sha256']:
+        raise CorruptIndexError(f'FAISS file {name}: its SHA-256 differs from its stamp: the file changed since it '
+                                'was written; delete it to rebuild it')
+    return stamp['size']
+
+
+def _read_stamp(file) -> Optional[dict]:
+    """The stamp at the end of an open FAISS file, or None where it has no well-formed one."""
+    end = file.seek(0, os.SEEK_END)
+    if end < 16:
+        return None
+    file.seek(end - 16)
+    tail = file.read(16)
+    length = struct.unpack('<Q', tail[:8])[0]
+    if tail[8:] != STAMP_MAGIC or length > end - 16:
+        return None
+    file.seek(end - 16 - length)
+    try:
+        stamp = json.loads(file.read(length))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(stamp, dict) or stamp.get('size') != end - 16 - length or \
+            not isinstance(stamp.get('sha256'), str):
+        return None
+    return stamp
 
 
 class CandidateStage:
@@ -104,7 +202,7 @@ class CandidateStage:
     vector; :func:`merge_hits` merges the hits of several shards."""
 
     def __init__(self, shard, kind: str, quantizer: Optional[str], search_effort: int, device: str, *, first: int = 0,
-                 verbose: bool = False):
+                 verbose: bool = False, payload=None):
         """
         Args:
             shard: The :class:`MultiVectorIndex`.
@@ -114,10 +212,12 @@ class CandidateStage:
             device: Where FAISS searches (a GPU with faiss-gpu, else the CPU).
             first: The docid of the shard's first document in its sharded index.
             verbose: Whether to show progress when a FAISS index is built.
+            payload: ``shard.payload()``, where the caller has it (the FAISS index is then of that very build).
         """
-        self.offsets = shard.payload()[2]
+        payload = shard.payload() if payload is None else payload
+        self.offsets = payload[2]
         self.first = first
-        self.ann = to_device(load_or_build(shard, kind, quantizer, verbose=verbose), device)
+        self.ann = to_device(load_or_build(shard, kind, quantizer, verbose=verbose, payload=payload), device)
         set_search_effort(self.ann, kind, search_effort)
 
     def search(self, vectors: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:

@@ -1,11 +1,12 @@
 """On-disk storage of the MultiVectorIndex: a variable number of vectors per document, memory-mapped."""
+import hashlib
 import json
 import os
+import re
 import uuid
-import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar, Union
 
 import more_itertools
 import numpy as np
@@ -13,12 +14,13 @@ import pandas as pd
 import pyterrier as pt
 import pyterrier_alpha as pta
 
-from pyterrier_multiquery._files import building
+from pyterrier_multiquery._files import building, exclusive_lock, file_sha256
 from pyterrier_multiquery._transformer import DerivedIdentity
 from pyterrier_multiquery.index.errors import CorruptIndexError
 
 _DTYPES = {'float32': ('vecs.f4', np.float32), 'float16': ('vecs.f2', np.float16)}
-_CHECKSUMMED = ('offsets.i8', 'docnos.npids')  # the vectors are not: checking them would read the whole corpus
+_CHECKED_AT_OPEN = ('offsets.i8', 'docnos.npids')  # the vectors are checked by verify(): it reads the whole corpus
+T = TypeVar('T')
 
 
 class SearchableIndex(DerivedIdentity):
@@ -93,6 +95,22 @@ class SearchableIndex(DerivedIdentity):
         from pyterrier_multiquery.index.distributed import RayIndex
         return RayIndex(self, num_actors=num_actors, address=address, **kwargs)
 
+    def verify(self) -> None:
+        """Checks every file of the index against its checksum, reading all of them: the vectors and the FAISS
+        files too, which opening the index does not read.
+
+        Raises:
+            FileNotFoundError: If no finished index is at ``path``, or a file is missing.
+            CorruptIndexError: Naming the first file that changed since it was written.
+        """
+        from pyterrier_multiquery.index.ann import check_ann_file
+        for shard in self.shards():
+            meta = shard.payload()[0]
+            vectors = _DTYPES[meta['dtype']][0]
+            check_sha256(shard.path / vectors, meta['sha256'][vectors], 'the index was built')
+            for ann in sorted(shard.path.glob('ann.*.faiss')):
+                check_ann_file(ann, meta['build_id'])
+
     def bytes_per_vector(self) -> int:
         """Bytes that one stored vector takes on disk."""
         meta = self.payload()[0]
@@ -132,10 +150,10 @@ class MultiVectorIndex(SearchableIndex, pta.Artifact, pt.Indexer):
             FileNotFoundError: If no finished index is at ``path``.
             CorruptIndexError: If a file is truncated or disagrees with the metadata.
         """
-        meta, raw = _read_meta(self.path)
+        _, raw = _read_meta(self.path)
         if self._payload is None or raw != self._meta_bytes:
-            self._payload = _load(self.path, meta)
-            self._meta_bytes = raw
+            self._payload, self._meta_bytes = open_whole(self.path, MultiVectorIndex,
+                                                         lambda meta: _load(self.path, meta))
         return self._payload
 
     def shards(self) -> List['MultiVectorIndex']:
@@ -183,6 +201,10 @@ class MultiVectorIndexer(pt.Indexer):
             ValueError: If a record is malformed: a docno that is not a non-empty string or occurs twice, vectors
                 that are not a non-empty 2-D array of finite numbers of the same size as the other documents'.
         """
+        with exclusive_lock(self.index_ref.path):  # a concurrent build of the same path waits, then is refused
+            return self._index(inp)
+
+    def _index(self, inp: Iterable[Dict]) -> MultiVectorIndex:
         path = self.index_ref.path
         _check_target(path, self.overwrite)
         if isinstance(inp, pd.DataFrame):
@@ -194,6 +216,7 @@ class MultiVectorIndexer(pt.Indexer):
             inp = pt.tqdm(inp, desc='indexing', unit='doc')
         file_name, dtype = _DTYPES[self.dtype]
         dim, offsets = None, [0]
+        vectors_sha256 = hashlib.sha256()
         with building(path) as tmp:
             tmp.mkdir()
             with open(tmp / file_name, 'wb') as vecs, _docno_builder(tmp / 'docnos.npids') as docnos:
@@ -205,7 +228,9 @@ class MultiVectorIndexer(pt.Indexer):
                     elif embs.shape[1] != dim:
                         raise ValueError(f'document {docno!r} has vectors of size {embs.shape[1]}, '
                                          f'expected {dim} as the earlier documents')
-                    vecs.write(embs.tobytes())
+                    data = embs.tobytes()
+                    vecs.write(data)
+                    vectors_sha256.update(data)
                     docnos.add(docno)
                     offsets.append(offsets[-1] + embs.shape[0])
             _check_unique(tmp / 'docnos.npids', len(offsets) - 1)
@@ -213,7 +238,8 @@ class MultiVectorIndexer(pt.Indexer):
             meta = {'type': MultiVectorIndex.ARTIFACT_TYPE, 'format': MultiVectorIndex.ARTIFACT_FORMAT,
                     'package_hint': 'pyterrier-multiquery', 'dtype': self.dtype, 'dim': dim,
                     'doc_count': len(offsets) - 1, 'vec_count': offsets[-1], 'build_id': uuid.uuid4().hex,
-                    'crc32': {name: _crc32(tmp / name) for name in _CHECKSUMMED}}
+                    'sha256': {file_name: vectors_sha256.hexdigest(),
+                               **{name: file_sha256(tmp / name) for name in _CHECKED_AT_OPEN}}}
             (tmp / 'pt_meta.json').write_text(json.dumps(meta))
         self.index_ref._payload = None
         return self.index_ref
@@ -322,12 +348,19 @@ def _check_unique(path: Path, count: int, chunk: int = 1 << 16) -> None:
                                  'docnos must be unique')
 
 
-def _crc32(path: Path) -> int:
-    checksum = 0
-    with open(path, 'rb') as f:
-        for block in iter(lambda: f.read(1 << 20), b''):
-            checksum = zlib.crc32(block, checksum)
-    return checksum
+def check_sha256(file: Path, expected: str, since: str) -> None:
+    """Raises naming ``file`` unless its SHA-256 is ``expected``.
+
+    Args:
+        file: The file.
+        expected: Its SHA-256 when written, as hex.
+        since: When it was written, for the message (``the index was built``).
+    """
+    if not file.is_file():
+        raise FileNotFoundError(f'{str(file)!r} is missing: the index is incomplete; rebuild it')
+    if file_sha256(file) != expected:
+        raise CorruptIndexError(f'{str(file)!r}: its SHA-256 differs from the one in pt_meta.json: the file changed '
+                                f'since {since}; rebuild it')
 
 
 def _read_meta(path: Path, artifact: type = None) -> Tuple[dict, bytes]:
@@ -353,12 +386,49 @@ def _read_meta(path: Path, artifact: type = None) -> Tuple[dict, bytes]:
     for key in ('dim', 'doc_count', 'vec_count'):
         if type(meta.get(key)) is not int or meta[key] < 1:
             raise CorruptIndexError(f'{str(meta_file)!r}: {key} must be a positive integer, got {meta.get(key)!r}')
-    checksums = meta.get('crc32', {})
-    if not isinstance(checksums, dict) or set(checksums) - set(_CHECKSUMMED) or \
-            not all(type(v) is int for v in checksums.values()):
-        raise CorruptIndexError(f'{str(meta_file)!r}: crc32 must map {list(_CHECKSUMMED)} to integers, '
-                                f'got {checksums!r}')
+    if artifact is MultiVectorIndex:
+        files = sorted([_DTYPES[meta['dtype']][0], *_CHECKED_AT_OPEN])
+        checksums = meta.get('sha256')
+        if not isinstance(checksums, dict) or sorted(checksums) != files or \
+                not all(isinstance(v, str) and re.fullmatch('[0-9a-f]{64}', v) for v in checksums.values()):
+            raise CorruptIndexError(f'{str(meta_file)!r}: sha256 must map {files} to their SHA-256 (an index built '
+                                    f'before indexes had checksums has none: rebuild it), got {checksums!r}')
+    if not isinstance(meta.get('build_id'), str):
+        raise CorruptIndexError(f'{str(meta_file)!r}: build_id must be a string, got {meta.get("build_id")!r}')
     return meta, raw
+
+
+_OPEN_ATTEMPTS = 5
+
+
+def open_whole(path: Path, artifact: type, load: Callable[[dict], T]) -> Tuple[T, bytes]:
+    """Opens the index at ``path`` with ``load(meta)`` so that every file it opened belongs to one build.
+
+    A concurrent overwrite swaps the whole folder between two of ``load``'s reads: the metadata is read again once
+    ``load`` has opened everything, and the open repeated on the new build while it changed.
+
+    Returns:
+        What ``load`` returned, and the raw ``pt_meta.json`` of its build.
+
+    Raises:
+        CorruptIndexError: If the index was replaced at every attempt, or as ``load`` (for an index that did not
+            change meanwhile).
+    """
+    meta, raw = _read_meta(path, artifact)
+    for _ in range(_OPEN_ATTEMPTS):
+        try:
+            loaded = load(meta)
+        except (CorruptIndexError, FileNotFoundError):
+            meta_now, raw_now = _read_meta(path, artifact)
+            if raw_now == raw:
+                raise
+        else:
+            meta_now, raw_now = _read_meta(path, artifact)
+            if raw_now == raw:
+                return loaded, raw
+        meta, raw = meta_now, raw_now
+    raise CorruptIndexError(f'{str(path)!r} was replaced by another build at each of {_OPEN_ATTEMPTS} attempts to '
+                            'open it; open it again once the builds are done')
 
 
 def _load(path: Path, meta: dict):
@@ -370,10 +440,8 @@ def _load(path: Path, meta: dict):
         actual = (path / name).stat().st_size if (path / name).is_file() else None
         if actual != size:
             raise CorruptIndexError(f'{str(path / name)!r} has {actual} bytes, expected {size} from pt_meta.json')
-    for name, checksum in meta.get('crc32', {}).items():
-        if not (path / name).is_file() or _crc32(path / name) != checksum:
-            raise CorruptIndexError(f'{str(path / name)!r} is missing or changed since the index was built '
-                                    '(its CRC-32 differs from pt_meta.json)')
+    for name in _CHECKED_AT_OPEN:
+        check_sha256(path / name, meta['sha256'][name], 'the index was built')
     offsets = np.fromfile(path / 'offsets.i8', dtype=np.int64)
     if offsets[0] != 0 or offsets[-1] != meta['vec_count'] or np.any(np.diff(offsets) <= 0):
         raise CorruptIndexError(f'{str(path / "offsets.i8")!r} is not an increasing sequence '

@@ -40,7 +40,7 @@ class ShardActor:
             if shard.payload()[0]['build_id'] != build_id:
                 raise CorruptIndexError(f'shard {path!r} on the node {os.uname().nodename} is not the shard the '
                                         'sharded index was built with (its build id differs): copy it again')
-            self.searchers.append(ShardSearcher(shard, first))
+            self.searchers.append(ShardSearcher(shard, first, build_id))
         self.fault_file = fault_file
 
     def ready(self) -> int:

@@ -8,6 +8,7 @@ import pyterrier as pt
 from pyterrier_multiquery._device import check_threads, cpu_threads, resolve_device
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff
+from pyterrier_multiquery.index.errors import CorruptIndexError
 
 with requires('dense'):
     import torch
@@ -25,11 +26,12 @@ def maxsim_scores(query, doc_vectors, doc_lengths, aggregate: str):
         aggregate: ``mean`` or ``sum`` over each query's vectors.
 
     Returns:
-        ``(batch, D)`` scores.
+        ``(batch, D)`` float32 scores, computed in float64: a float32 product's sums are rounded in an order that
+        depends on the product's shape, so that a query's scores would depend on the queries batched with it.
     """
     queries = query if isinstance(query, list) else [query]
-    stacked = torch.cat(queries)
-    sims = stacked @ doc_vectors.T
+    stacked = torch.cat(queries).double()
+    sims = stacked @ doc_vectors.double().T
     doc_count = len(doc_lengths)
     if doc_count and bool((doc_lengths == doc_lengths[0]).all()):  # equal lengths: a plain reshape
         per_doc = sims.view(len(stacked), doc_count, -1).amax(dim=2)
@@ -41,7 +43,7 @@ def maxsim_scores(query, doc_vectors, doc_lengths, aggregate: str):
     query_of_row = torch.repeat_interleave(torch.arange(len(queries), device=sims.device), query_lengths)
     scores = torch.zeros((len(queries), doc_count), device=sims.device, dtype=sims.dtype)
     scores.index_add_(0, query_of_row, per_doc)
-    return scores / query_lengths[:, None] if aggregate == 'mean' else scores
+    return (scores / query_lengths[:, None] if aggregate == 'mean' else scores).float()
 
 
 class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
@@ -120,17 +122,17 @@ class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
         if queries:
             with cpu_threads(self.threads, with_faiss=not self.exact):
                 search = self._search_exact if self.exact else self._search_approximate
-                results = search(queries, shards)
+                results = search(queries, shards, inp['qid'].tolist())
         return result_frame(inp[columns], results, shards.docnos)
 
-    def _search_exact(self, queries, shards) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def _search_exact(self, queries, shards, qids: list) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Every shard's top documents for each batch of queries, merged batch by batch."""
-        per_shard = shards.map('exact', queries, num_results=self.num_results, aggregate=self.aggregate,
+        per_shard = shards.map('exact', queries, qids=qids, num_results=self.num_results, aggregate=self.aggregate,
                                batch_size=self.batch_size, block_vectors=self.block_vectors, tile_bytes=self.tile_bytes,
                                device=self.device, label=repr(self) if self.verbose else None)
         return [merge_top(parts, self.num_results) for parts in zip(*per_shard)]
 
-    def _search_approximate(self, queries, shards) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def _search_approximate(self, queries, shards, qids: list) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """The ANN candidates of every query vector over all shards (one search for all the queries), then exact
         MaxSim of each query's candidate documents by the shards that hold them, merged batch by batch."""
         from pyterrier_multiquery.index.ann import merge_hits
@@ -145,8 +147,8 @@ class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
             rows = slice(first_rows[start], first_rows[stop - 1] + vector_counts[stop - 1])
             batches.append((start, stop, candidate_documents(hits[rows], vector_counts[start:stop])))
         per_shard = shards.map(
-            'rescore', queries, num_results=self.num_results, aggregate=self.aggregate, tile_bytes=self.tile_bytes,
-            device=self.device, label=repr(self) if self.verbose else None,
+            'rescore', queries, qids=qids, num_results=self.num_results, aggregate=self.aggregate,
+            tile_bytes=self.tile_bytes, device=self.device, label=repr(self) if self.verbose else None,
             shard_args=[[(start, stop, shard_documents(docids, first, count)) for start, stop, docids in batches]
                         for first, count in zip(shards.firsts, shards.counts)])
         return [merge_top(parts, self.num_results) for parts in zip(*per_shard)]
@@ -184,6 +186,7 @@ class MaxSimScorer(DerivedIdentity, NumResultsCutoff, pt.Transformer):
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Replaces ``score`` and ``rank`` with MaxSim's, per query."""
         pt.validate.result_frame(inp, extra_columns=['query_embs'])
+        check_qid_types(inp['qid'])
         shards = self.index.searchers()
         if len(inp) == 0:
             return pt.model.add_ranks(inp.assign(score=pd.Series(dtype=float)))
@@ -195,10 +198,11 @@ class MaxSimScorer(DerivedIdentity, NumResultsCutoff, pt.Transformer):
             except ValueError as e:
                 queries.append(None)
                 invalid.append(e)
-        docnos = inp['docno'].to_numpy()
+        docnos = docno_array(inp['docno'])
         with cpu_threads(self.threads):
-            per_shard = shards.map('score', queries, [docnos[rows] for _, rows in groups], aggregate=self.aggregate,
-                                   device=self.device, label=repr(self) if self.verbose else None)
+            per_shard = shards.map('score', queries, [docnos[rows] for _, rows in groups],
+                                   qids=[qid for qid, _ in groups], aggregate=self.aggregate, device=self.device,
+                                   label=repr(self) if self.verbose else None)
         scores, found = np.zeros(len(inp), dtype=np.float32), np.zeros(len(inp), dtype=bool)
         for part in per_shard:
             for (_, rows), (held, shard_scores) in zip(groups, part):
@@ -214,6 +218,43 @@ class MaxSimScorer(DerivedIdentity, NumResultsCutoff, pt.Transformer):
         return out
 
 
+class ScoreCheck:
+    """Raises where a score is not finite: naming the document when its stored vectors are not (a damaged index),
+    else the query, whose vectors overflow float32 against the document's."""
+
+    def __init__(self, qids: list, payload, path):
+        """
+        Args:
+            qids: The qids of the queries, in the order of the score rows' queries.
+            payload: ``payload()`` of the index (or shard) whose documents are scored.
+            path: Its folder, for messages.
+        """
+        self.qids = qids
+        self.payload = payload
+        self.path = path
+
+    def __call__(self, scores, docids: np.ndarray, first_query: int) -> None:
+        """Checks ``(queries, documents)`` scores of the queries from ``first_query`` on.
+
+        Args:
+            scores: The scores (a tensor or an array).
+            docids: The documents of the columns, or of each score (an array of the scores' shape).
+            first_query: The position in ``qids`` of the first row's query.
+        """
+        finite = torch.isfinite(scores) if isinstance(scores, torch.Tensor) else np.isfinite(scores)
+        if bool(finite.all()):
+            return
+        finite = finite.cpu().numpy() if isinstance(finite, torch.Tensor) else finite
+        row, column = (int(i) for i in np.argwhere(~finite)[0])
+        docid = int(docids[row, column] if np.ndim(docids) == 2 else docids[column])
+        _, vectors, offsets, docnos = self.payload
+        docno = str(docnos.fwd[docid])
+        if not np.isfinite(np.asarray(vectors[offsets[docid]:offsets[docid + 1]], dtype=np.float32)).all():
+            raise CorruptIndexError(f'document {docno!r} has non-finite values (NaN or inf) in its stored vectors: '
+                                    f'the index at {str(self.path)!r} is damaged; rebuild it')
+        raise ValueError(f'query {self.qids[first_query + row]!r}: its MaxSim score against document {docno!r} is '
+                         f'{float(scores[row, column])} (float32 overflows): scale its query_embs down')
+
 
 def score_documents(query, docids: np.ndarray, vectors, offsets: np.ndarray, aggregate: str) -> np.ndarray:
     """Exact MaxSim of one query (a ``(Q, d)`` tensor) against the given documents of an index's vectors."""
@@ -224,11 +265,13 @@ def score_documents(query, docids: np.ndarray, vectors, offsets: np.ndarray, agg
 
 
 def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_results: int, aggregate: str,
-              batch_size: int, block_vectors: int, tile_bytes: int, device: str, label: Optional[str] = None):
+              batch_size: int, block_vectors: int, tile_bytes: int, device: str, label: Optional[str] = None,
+              check: Optional[ScoreCheck] = None):
     """Each query's top documents of an index (or one shard) by exact MaxSim over all its documents.
 
     The stored vectors are read in blocks of about ``block_vectors`` (each block once, for all the queries) and
-    scored in tiles of about ``tile_bytes``, as :class:`MaxSimRetriever` describes.
+    scored in tiles of about ``tile_bytes``, as :class:`MaxSimRetriever` describes; ``check`` is given each block's
+    scores.
 
     Returns:
         For each batch of ``batch_size`` queries, ``(scores, docids)``: each query's top ``num_results`` (or all the
@@ -238,8 +281,8 @@ def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_re
                for start in range(0, len(queries), batch_size)]
     best = [(torch.empty((len(batch), 0), device=device),
              torch.empty((len(batch), 0), dtype=torch.long, device=device)) for batch in batches]
-    tile_vectors = [max(1, tile_bytes // (4 * (sum(len(q) for q in batch) + vectors.shape[1])))
-                    for batch in batches]  # a tile's float32 vectors and its similarities
+    tile_vectors = [max(1, tile_bytes // (8 * (sum(len(q) for q in batch) + vectors.shape[1])))
+                    for batch in batches]  # a tile's float64 vectors and its similarities
     blocks = document_blocks(offsets, block_vectors)
     if label is not None:
         blocks = pt.tqdm(blocks, desc=label, unit='block')
@@ -252,18 +295,24 @@ def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_re
             scores = torch.cat([
                 maxsim_scores(batch, block[block_offsets[a]:block_offsets[b]].float(), lengths[a:b], aggregate)
                 for a, b in document_blocks(block_offsets, tile_vectors[i])], dim=1)
+            if check is not None:
+                check(scores, np.arange(first, last), i * batch_size)
             best[i] = keep_best(*best[i], scores, first, num_results)
     return [(scores.cpu().numpy(), docids.cpu().numpy()) for scores, docids in best]
 
 
 def rescore_candidates(queries: List[np.ndarray], batches, vectors, offsets: np.ndarray, *, num_results: int,
-                       aggregate: str, tile_bytes: int, device: str, label: Optional[str] = None):
+                       aggregate: str, tile_bytes: int, device: str, label: Optional[str] = None,
+                       check: Optional[ScoreCheck] = None):
     """Exact MaxSim of queries against their candidate documents of an index (or one shard).
 
     Args:
         queries: The queries' vectors.
         batches: ``(start, stop, docids)``: the candidates of ``queries[start:stop]``, a row each, ascending, -1
-            padded; scored for as many queries at once as ``tile_bytes`` allows, at least one.
+            padded; scored for as many queries at once as ``tile_bytes`` allows, at least one, padded to the
+            longest candidate; a query whose padding would take too much memory (:func:`padding_is_bounded`) alone,
+            unpadded.
+        check: Given the scores of each step.
 
     Returns:
         For each batch, ``(scores, docids, counts)``: each query's top ``num_results`` candidates in a row, by score,
@@ -273,15 +322,22 @@ def rescore_candidates(queries: List[np.ndarray], batches, vectors, offsets: np.
     if label is not None:
         batches = pt.tqdm(batches, desc=label, unit='batch')
     results = []
-    for start, stop, docids in batches:
-        per_query = 4 * docids.shape[1] * _widest(docids, lengths) * vectors.shape[1]
-        step = max(1, tile_bytes // max(1, per_query))  # as many queries as fit in a tile, at least one
+    for start, _, docids in batches:
+        bounded = padding_is_bounded(docids, lengths, vectors.shape[1], tile_bytes)
         chunks = []
-        for first in range(0, stop - start, step):
-            chunk = docids[first:first + step]
-            chunk = chunk[:, :int((chunk >= 0).sum(axis=1).max())]
-            chunks.append(_rescore(queries[start + first:start + first + len(chunk)], chunk, vectors, offsets,
-                                   lengths, num_results, aggregate, device))
+        for first, last in _runs(bounded):
+            if not bounded[first]:  # one query, whose candidates padded to its longest would take too much memory
+                chunks.append(_rescore_unpadded(queries[start + first], docids[first], vectors, offsets, num_results,
+                                                aggregate, device, check, start + first))
+                continue
+            run = docids[first:last]
+            per_query = 4 * run.shape[1] * _widest(run, lengths) * vectors.shape[1]
+            step = max(1, tile_bytes // max(1, per_query))  # as many queries as fit in a tile, at least one
+            for a in range(first, last, step):
+                chunk = docids[a:min(last, a + step)]
+                chunk = chunk[:, :int((chunk >= 0).sum(axis=1).max())]
+                chunks.append(_rescore(queries[start + a:start + a + len(chunk)], chunk, vectors, offsets, lengths,
+                                       num_results, aggregate, device, check, start + a))
         width = max(scores.shape[1] for scores, _, _ in chunks)
         results.append(tuple(np.concatenate(parts) for parts in zip(*[
             (np.pad(scores, ((0, 0), (0, width - scores.shape[1])), constant_values=-np.inf),
@@ -290,8 +346,20 @@ def rescore_candidates(queries: List[np.ndarray], batches, vectors, offsets: np.
     return results
 
 
+def _rescore_unpadded(query: np.ndarray, docids: np.ndarray, vectors, offsets, num_results: int, aggregate: str,
+                      device: str, check: Optional[ScoreCheck], position: int) -> Tuple[np.ndarray, ...]:
+    """Exact MaxSim of one query against its candidates (``docids``, ascending, -1 padded), their vectors one after
+    another; returns its top (scores, docids, count) as :func:`_rescore` does for several queries."""
+    docids = docids[docids >= 0]
+    scores = score_documents(aligned(query).to(device), docids, vectors, offsets, aggregate)
+    if check is not None:
+        check(scores[None], docids, position)
+    order = np.argsort(-scores, kind='stable')[:num_results]  # ties: ascending docid, as docids are
+    return scores[None, order], docids[None, order], np.array([len(order)])
+
+
 def _rescore(queries, docids: np.ndarray, vectors, offsets, lengths, num_results: int, aggregate: str,
-             device: str) -> Tuple[np.ndarray, ...]:
+             device: str, check: Optional[ScoreCheck], first_query: int) -> Tuple[np.ndarray, ...]:
     """Exact MaxSim of queries against their candidates (``docids``, ascending, -1 padded) in one padded
     (queries x candidates x document vectors) product; returns each query's top (scores, docids, count)."""
     count, width = docids.shape
@@ -311,6 +379,8 @@ def _rescore(queries, docids: np.ndarray, vectors, offsets, lengths, num_results
     scores = sims.view(count, -1, width, widest).amax(dim=3).sum(dim=1)
     if aggregate == 'mean':
         scores = scores / torch.from_numpy(query_lengths).to(device)[:, None]
+    if check is not None:
+        check(scores.masked_fill(~torch.from_numpy(valid).to(device), 0), safe, first_query)
     scores = scores.masked_fill(~torch.from_numpy(valid).to(device), -torch.inf)
     scores, order = scores.sort(dim=1, descending=True, stable=True)  # ties: ascending docid, as docids are
     keep = min(width, num_results)
@@ -380,12 +450,32 @@ def query_embs(embs, dim: int, qid) -> np.ndarray:
     return np.ascontiguousarray(embs)
 
 
+def check_qid_types(qids: pd.Series) -> None:
+    """Raises naming the first qid that is not a non-null string or integer (None or NaN would come back as NaN)."""
+    for qid in qids:  # not unique(): it takes 0.0 for 0
+        if not isinstance(qid, (str, int, np.integer)) or isinstance(qid, (bool, np.bool_)):
+            raise ValueError(f'qid {qid!r} ({type(qid).__name__}) is not a non-null string or integer; give each query '
+                             'a string qid')
+
+
 def check_unique_qids(inp: pd.DataFrame) -> None:
-    """Raises naming the first qid that has more than one row in a query frame (its lists would be mixed)."""
+    """Raises naming the first qid that is not a non-null string or integer, or has more than one row in a query
+    frame (its lists would be mixed)."""
+    check_qid_types(inp['qid'])
     repeated = inp['qid'].duplicated()
     if repeated.any():
         raise ValueError(f'qid {inp["qid"][repeated].iloc[0]!r} has more than one row; a query frame has one row '
                          'per query (give each its own qid)')
+
+
+def docno_array(values) -> np.ndarray:
+    """Docnos (strings of any characters) as a str array, which npids looks up by their UTF-8 (an object array, as
+    ASCII); raises naming the first value that is not a string."""
+    values = list(values)
+    if not all(isinstance(value, str) for value in values):
+        value = next(value for value in values if not isinstance(value, str))
+        raise KeyError(f'docno {value!r} is not in the index (docnos are strings)')
+    return np.array(values, dtype=str)
 
 
 def document_blocks(offsets: np.ndarray, block_vectors: int) -> List[Tuple[int, int]]:
@@ -433,6 +523,27 @@ def padded_queries(queries) -> Tuple[np.ndarray, np.ndarray]:
     padded[np.repeat(np.arange(len(queries)), lengths),
            np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)] = np.concatenate(queries)
     return padded, lengths
+
+
+def padding_is_bounded(docids: np.ndarray, lengths: np.ndarray, dim: int, tile_bytes: int) -> np.ndarray:
+    """Whether each query's candidates (a row of ``docids``, -1 padded), each padded to the longest of them, take
+    at most four times the memory of their own vectors or one tile of ``tile_bytes``."""
+    valid = docids >= 0
+    candidate_lengths = np.where(valid, lengths[np.where(valid, docids, 0)], 0)
+    padded = valid.sum(axis=1) * candidate_lengths.max(axis=1, initial=0)
+    return (padded <= 4 * candidate_lengths.sum(axis=1)) | (4 * padded * dim <= tile_bytes)
+
+
+def _runs(flags: np.ndarray) -> List[Tuple[int, int]]:
+    """``(first, last)`` ranges of consecutive True flags, and each False flag alone."""
+    runs, first = [], 0
+    while first < len(flags):
+        last = first + 1
+        while flags[first] and last < len(flags) and flags[last]:
+            last += 1
+        runs.append((first, last))
+        first = last
+    return runs
 
 
 def _widest(docids: np.ndarray, lengths: np.ndarray) -> int:

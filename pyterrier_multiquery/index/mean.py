@@ -5,6 +5,7 @@ import pandas as pd
 import pyterrier as pt
 
 from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff
+from pyterrier_multiquery.index.errors import CorruptIndexError
 
 
 class MeanRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
@@ -37,11 +38,15 @@ class MeanRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
 
     def _document_means(self):
         for document in self.index.get_corpus_iter(verbose=False):
-            yield {'docno': document['docno'], 'doc_vec': self._pool(document['doc_embs'])}
+            docno, mean = document['docno'], self._pool(document['doc_embs'])
+            if not np.isfinite(mean).all():
+                raise CorruptIndexError(f'document {docno!r} has non-finite values (NaN or inf) in its stored vectors: '
+                                        f'the index at {str(self.index.path)!r} is damaged; rebuild it')
+            yield {'docno': docno, 'doc_vec': mean}
 
     def _pool(self, embs) -> np.ndarray:
-        mean = np.asarray(embs, dtype=np.float32).mean(axis=0)
-        return mean / np.linalg.norm(mean) if self.normalise else mean
+        mean = np.asarray(embs, dtype=np.float64).mean(axis=0)  # a float32 sum could overflow
+        return (mean / np.linalg.norm(mean) if self.normalise else mean).astype(np.float32)
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Retrieves for each query row (``qid``, ``query_embs``); each shard searches its own FlexIndex."""
@@ -56,5 +61,11 @@ class MeanRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
             per_shard = shards.map('mean', query_vecs, num_results=self.num_results, normalise=self.normalise,
                                    verbose=self.verbose)
             results = [merge_top(parts, self.num_results) for parts in zip(*per_shard)]
-        return result_frame(inp, results, shards.docnos)
+        out = result_frame(inp, results, shards.docnos)
+        overflowed = ~np.isfinite(out['score'].to_numpy())
+        if overflowed.any():
+            row = out.iloc[int(np.argmax(overflowed))]
+            raise ValueError(f'query {row["qid"]!r}: its score against the mean of document {row["docno"]!r} is '
+                             f'{row["score"]} (float32 overflows): scale its query_embs down')
+        return out
 

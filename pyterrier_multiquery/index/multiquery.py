@@ -69,7 +69,7 @@ class MultiQueryRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
         queries = [query_embs(embs, dim, qid) for qid, embs in zip(inp['qid'], inp['query_embs'])]
         counts = [len(embs) for embs in queries]
         single = pd.DataFrame({  # one row per query vector, each its own qid; position: the query's row in inp
-            'qid': [f'{position}.{vector}' for position, count in enumerate(counts) for vector in range(count)],
+            'qid': [f'{qid} (vector {vector})' for qid, count in zip(inp['qid'], counts) for vector in range(count)],
             'query': '', 'position': np.repeat(np.arange(len(inp)), counts),
             'vector': np.concatenate([np.arange(count) for count in counts]),
             'query_embs': [row[None, :] for embs in queries for row in embs]})

@@ -15,7 +15,7 @@ import pandas as pd
 import pyterrier as pt
 import pyterrier_alpha as pta
 
-from pyterrier_multiquery._files import _remove, building
+from pyterrier_multiquery._files import _remove, building, exclusive_lock
 from pyterrier_multiquery.index.errors import CorruptIndexError
 from pyterrier_multiquery.index.core import (
     _DTYPES,
@@ -23,6 +23,7 @@ from pyterrier_multiquery.index.core import (
     SearchableIndex,
     _check_target,
     _read_meta,
+    open_whole,
 )
 
 DEFAULT_SHARD_SIZE = 1_000_000
@@ -71,20 +72,25 @@ class ShardedMultiVectorIndex(SearchableIndex, pta.Artifact, pt.Indexer):
         """
         meta, raw = _read_meta(self.path, ShardedMultiVectorIndex)
         if self._payload is None or raw != self._meta_bytes:
-            self._payload = None
-            self._shards = [MultiVectorIndex(self.path / name, verbose=self.verbose) for name in _shard_names(meta)]
-            self._meta_bytes = raw
-        payloads = [self._shard_payload(meta, i) for i in range(len(self._shards))]
-        if self._payload is None:
-            offsets = [np.zeros(1, dtype=np.int64)]
-            for _, _, shard_offsets, _ in payloads:
-                offsets.append(shard_offsets[1:] + offsets[-1][-1])
-            self._payload = (meta, ShardedVectors([vectors for _, vectors, _, _ in payloads]),
-                             np.concatenate(offsets), ShardedDocnos([docnos for _, _, _, docnos in payloads]))
+            (self._shards, self._payload), self._meta_bytes = open_whole(self.path, ShardedMultiVectorIndex,
+                                                                         self._open)
+        else:  # a shard rebuilt in place since is named
+            for i, shard in enumerate(self._shards):
+                self._shard_payload(meta, shard, i)
         return self._payload
 
-    def _shard_payload(self, meta: dict, i: int):
-        shard = self._shards[i]
+    def _open(self, meta: dict):
+        """The shards the metadata names, and the payload over all of them."""
+        shards = [MultiVectorIndex(self.path / name, verbose=self.verbose) for name in _shard_names(meta)]
+        payloads = [self._shard_payload(meta, shard, i) for i, shard in enumerate(shards)]
+        _check_counts(meta, [shard_meta for shard_meta, _, _, _ in payloads])
+        offsets = [np.zeros(1, dtype=np.int64)]
+        for _, _, shard_offsets, _ in payloads:
+            offsets.append(shard_offsets[1:] + offsets[-1][-1])
+        return shards, (meta, ShardedVectors([vectors for _, vectors, _, _ in payloads]), np.concatenate(offsets),
+                        ShardedDocnos([docnos for _, _, _, docnos in payloads]))
+
+    def _shard_payload(self, meta: dict, shard: MultiVectorIndex, i: int):
         if not shard.path.is_dir():
             raise FileNotFoundError(f'shard {i} of the sharded index {str(self.path)!r} is missing: no folder '
                                     f'{str(shard.path)!r}')
@@ -128,25 +134,30 @@ class ShardedMultiVectorIndex(SearchableIndex, pta.Artifact, pt.Indexer):
         if not sources:
             raise ValueError('no shards to assemble: shard_paths is empty')
         index = cls(path, verbose=verbose)
-        _check_target(index.path, overwrite, cls)
+        with exclusive_lock(index.path):  # a concurrent build of the same path waits, then is refused
+            index._assemble(sources, move, overwrite)
+        if move:
+            for source in sources:
+                _remove(source)
+        return index
+
+    def _assemble(self, sources: List[Path], move: bool, overwrite: bool) -> None:
+        _check_target(self.path, overwrite, ShardedMultiVectorIndex)
         labels = [repr(str(source)) for source in sources]
         shards = [MultiVectorIndex(source, verbose=False).payload() for source in sources]
         _check_same_vectors(shards, labels)
         _check_unique_across([docnos for _, _, _, docnos in shards], labels)
         names = [f'shard-{i:03d}' for i in range(len(sources))]
         steps = zip(sources, names)
-        if verbose:
+        if self.verbose:
             steps = pt.tqdm(steps, total=len(names), desc='moving shards' if move else 'copying shards', unit='shard')
-        with building(index.path) as tmp:
+        with building(self.path) as tmp:
             tmp.mkdir()
             for source, name in steps:
                 shutil.copytree(source, tmp / name, copy_function=_link_or_copy if move else shutil.copy2,
                                 ignore=shutil.ignore_patterns('.*'))  # leftovers of killed FAISS builds
             _write_meta(tmp, names, [meta for meta, _, _, _ in shards])
-        if move:
-            for source in sources:
-                _remove(source)
-        return index
+        self._payload = None
 
     def index(self, inp: Iterable[Dict]) -> 'ShardedMultiVectorIndex':
         """Indexes ``{'docno', 'doc_embs'}`` records into shards of the default size (see :meth:`indexer`)."""
@@ -216,6 +227,10 @@ class ShardedMultiVectorIndexer(pt.Indexer):
             ValueError: If a record is malformed (as :meth:`MultiVectorIndexer.index`), a docno occurs in two
                 shards, shards have vectors of different sizes, or ``num_shards`` is more than the documents.
         """
+        with exclusive_lock(self.index_ref.path):  # a concurrent build of the same path waits, then is refused
+            return self._index(inp)
+
+    def _index(self, inp: Iterable[Dict]) -> ShardedMultiVectorIndex:
         path = self.index_ref.path
         _check_target(path, self.overwrite, ShardedMultiVectorIndex)
         if isinstance(inp, pd.DataFrame):
@@ -380,7 +395,7 @@ class ShardedDocnos:
 
     def _inverse(self, docnos):
         if np.ndim(docnos) == 0:
-            return int(self._inverse(np.array([docnos], dtype=object))[0])
+            return int(self._inverse(np.array([docnos], dtype=str))[0])
         out = np.full(np.shape(docnos), -1, dtype=np.int64)
         for lookup, base in zip(self.lookups, self.bases):
             found = np.asarray(lookup.inv[docnos], dtype=np.int64)
@@ -399,12 +414,28 @@ class _Indexed:
 
 
 def _shard_names(meta: dict) -> List[str]:
+    """The shard folders the metadata of a sharded index lists, checked: each once, each a folder inside it."""
     names, build_ids = meta.get('shards'), meta.get('shard_build_ids')
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n and '/' not in n for n in names) \
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names) \
             or not isinstance(build_ids, list) or len(build_ids) != len(names):
         raise CorruptIndexError(f'pt_meta.json of a sharded index must list its shard folders (shards) and their '
                                 f'build ids (shard_build_ids), got {names!r} and {build_ids!r}')
+    for i, name in enumerate(names):
+        if name in ('', '.', '..') or '/' in name or '\\' in name or '\0' in name:
+            raise CorruptIndexError(f'pt_meta.json of a sharded index lists the shard {name!r}, but {name!r} is not '
+                                    'a folder inside the index')
+        if name in names[:i]:
+            raise CorruptIndexError(f'pt_meta.json of a sharded index lists the shard {name!r} more than once')
     return names
+
+
+def _check_counts(meta: dict, metas: List[dict]) -> None:
+    """Raises unless the counts, vector size and storage of a sharded index's metadata are its shards' ``metas``."""
+    for key, verb in (('doc_count', 'hold'), ('vec_count', 'hold'), ('dim', 'have'), ('dtype', 'have')):
+        found = sum(m[key] for m in metas) if key.endswith('count') else metas[0][key]
+        if meta[key] != found or any(m[key] != metas[0][key] for m in metas if not key.endswith('count')):
+            raise CorruptIndexError(f'pt_meta.json of the sharded index gives {key} {meta[key]!r} where its shards '
+                                    f'{verb} {found!r}')
 
 
 def _consecutive(records: Iterator[Dict], sizes: Iterable[int]) -> Iterator[Iterator[Dict]]:
@@ -470,8 +501,8 @@ def _build_in_processes(groups: Iterator[Iterator[Dict]], folder: Path, dtype: s
             while len(running) >= processes:
                 _finish(*running.pop(0), errors)
             records = context.Queue(maxsize=8)
-            worker = context.Process(target=_write_shard, args=(folder / names[-1], dtype, records, errors),
-                                     daemon=True)
+            worker = context.Process(target=_write_shard, daemon=True,
+                                     args=(folder / names[-1], dtype, records, errors, os.getpid()))
             worker.start()
             running.append((worker, names[-1]))
             for batch in more_itertools.chunked(group, 256):
@@ -486,10 +517,22 @@ def _build_in_processes(groups: Iterator[Iterator[Dict]], folder: Path, dtype: s
     return names
 
 
-def _write_shard(path: Path, dtype: str, records, errors) -> None:
-    """A worker process: indexes the batches of records that arrive until None; reports an error and exits 1."""
+def _write_shard(path: Path, dtype: str, records, errors, parent: int) -> None:
+    """A worker process: indexes the batches of records that arrive until None; reports an error and exits 1.
+
+    While it waits for records it checks every second that ``parent``, the process sending them, is alive, and
+    exits once it is not (a killed parent cannot stop it otherwise).
+    """
     def stream():
-        while (batch := records.get()) is not None:
+        while True:
+            try:
+                batch = records.get(timeout=1)
+            except queue.Empty:
+                if os.getppid() != parent:
+                    raise SystemExit(1) from None
+                continue
+            if batch is None:
+                return
             yield from batch
     try:
         MultiVectorIndex(path, verbose=False).indexer(dtype=dtype).index(stream())

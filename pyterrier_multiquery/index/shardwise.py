@@ -10,59 +10,82 @@ from typing import List, Optional
 import numpy as np
 import pyterrier as pt
 
-from pyterrier_multiquery.index.maxsim import aligned, exact_top, rescore_candidates, score_documents
+from pyterrier_multiquery.index.errors import CorruptIndexError
+from pyterrier_multiquery.index.maxsim import ScoreCheck, aligned, exact_top, rescore_candidates, score_documents
 
 
 class ShardSearcher:
     """The part of every search that one shard (a :class:`MultiVectorIndex`) computes. The docids it takes and gives
     are the sharded index's (the shard's own plus ``first``), but for :meth:`rescore` and :meth:`docnos`, which take
-    the shard's own."""
+    the shard's own. Every part is of the shard's build ``build_id``: a shard replaced since is refused.
 
-    def __init__(self, shard, first: int):
+    The parts that score raise naming the document whose stored vectors are not finite
+    (:class:`~.errors.CorruptIndexError`), else the query (by its qid) whose score overflows float32 (ValueError).
+    """
+
+    def __init__(self, shard, first: int, build_id: Optional[str] = None):
         """
         Args:
             shard: The :class:`MultiVectorIndex`.
             first: The docid of its first document in the sharded index.
+            build_id: The shard's build where the search opened the index (default: its build now).
         """
         self.shard = shard
         self.first = first
+        self.build_id = shard.payload()[0]['build_id'] if build_id is None else build_id
         self._stages = {}
+
+    def payload(self):
+        """The shard's ``payload()``, checked to be of ``build_id``.
+
+        Raises:
+            CorruptIndexError: If the shard was replaced by another build.
+        """
+        payload = self.shard.payload()
+        if payload[0]['build_id'] != self.build_id:
+            raise CorruptIndexError(f'the index at {str(self.shard.path)!r} was replaced by another build while this '
+                                    'search opened it; search again')
+        return payload
 
     def doc_count(self) -> int:
         """Documents in the shard."""
-        return self.shard.payload()[0]['doc_count']
+        return self.payload()[0]['doc_count']
 
-    def exact(self, queries: List[np.ndarray], **settings) -> list:
-        """Each batch's top documents by exact MaxSim (``settings`` as :func:`~.maxsim.exact_top`), as
-        ``(scores, docids, counts)``."""
-        _, vectors, offsets, _ = self.shard.payload()
+    def exact(self, queries: List[np.ndarray], *, qids: list, **settings) -> list:
+        """Each batch's top documents by exact MaxSim (``settings`` as :func:`~.maxsim.exact_top`; ``qids``: the
+        queries'), as ``(scores, docids, counts)``."""
+        payload = self.payload()
+        check = ScoreCheck(qids, payload, self.shard.path)
         return [(scores, docids + self.first, np.full(len(scores), scores.shape[1]))
-                for scores, docids in exact_top(queries, vectors, offsets, **settings)]
+                for scores, docids in exact_top(queries, payload[1], payload[2], check=check, **settings)]
 
     def ann_hits(self, vectors: np.ndarray, k: int, *, kind: str, quantizer: Optional[str], search_effort: int,
                  device: str, verbose: bool = False):
         """The ``k`` nearest stored vectors of each query vector (as :meth:`~.ann.CandidateStage.search`); the FAISS
         index is loaded (or built) once, again when the shard is rebuilt."""
         from pyterrier_multiquery.index.ann import CandidateStage
-        meta = self.shard.payload()[0]
+        payload = self.payload()
         key = (kind, quantizer, search_effort, device)
-        if key not in self._stages or self._stages[key][0] is not meta:
-            self._stages[key] = (meta, CandidateStage(self.shard, kind, quantizer, search_effort, device,
-                                                      first=self.first, verbose=verbose))
+        if key not in self._stages or self._stages[key][0] is not payload[0]:
+            self._stages[key] = (payload[0], CandidateStage(self.shard, kind, quantizer, search_effort, device,
+                                                            first=self.first, verbose=verbose, payload=payload))
         return self._stages[key][1].search(vectors, k)
 
-    def rescore(self, batches, queries: List[np.ndarray], **settings) -> list:
+    def rescore(self, batches, queries: List[np.ndarray], *, qids: list, **settings) -> list:
         """Exact MaxSim of each batch's queries against their candidates in this shard (``batches`` and
-        ``settings`` as :func:`~.maxsim.rescore_candidates`, the shard's own docids), as ``(scores, docids,
-        counts)``."""
-        _, vectors, offsets, _ = self.shard.payload()
+        ``settings`` as :func:`~.maxsim.rescore_candidates`, the shard's own docids; ``qids``: the queries'), as
+        ``(scores, docids, counts)``."""
+        payload = self.payload()
+        check = ScoreCheck(qids, payload, self.shard.path)
         return [(scores, np.where(docids >= 0, docids + self.first, -1), counts)
-                for scores, docids, counts in rescore_candidates(queries, batches, vectors, offsets, **settings)]
+                for scores, docids, counts in rescore_candidates(queries, batches, payload[1], payload[2], check=check,
+                                                                 **settings)]
 
     def mean(self, query_vecs: np.ndarray, *, num_results: int, normalise: bool, verbose: bool = False) -> list:
         """Each query's top documents by the inner product of the mean vectors (as :class:`~.mean.MeanRetriever`,
         the means read from its FlexIndex in the shard's folder), as ``[(scores, docids, counts)]``."""
         from pyterrier_multiquery.index.mean import MeanRetriever
+        self.payload()  # refused where the shard was replaced since the search opened it
         means = MeanRetriever(self.shard, normalise=normalise, verbose=verbose).flex_index().payload(
             return_docnos=False)[0]
         # a mean is a document (or query) of one vector, whose MaxSim is the inner product
@@ -72,31 +95,34 @@ class ShardSearcher:
         scores, docids = top[0]
         return [(scores, docids + self.first, np.full(len(scores), scores.shape[1]))]
 
-    def score(self, queries: List[np.ndarray], docnos: List[np.ndarray], *, aggregate: str, device: str,
+    def score(self, queries: List[np.ndarray], docnos: List[np.ndarray], *, qids: list, aggregate: str, device: str,
               label: Optional[str] = None) -> list:
-        """Exact MaxSim of each query (None: a malformed one, not scored) against those of its docnos that this
-        shard holds.
+        """Exact MaxSim of each query (None: a malformed one, not scored; ``qids``: the queries') against those of
+        its docnos (a str array each) that this shard holds.
 
         Returns:
             For each query, ``(held, scores)``: which of its docnos the shard holds, and their scores.
         """
-        _, vectors, offsets, lookup = self.shard.payload()
+        payload = self.payload()
+        _, vectors, offsets, lookup = payload
+        check = ScoreCheck(qids, payload, self.shard.path)
         pairs = zip(queries, docnos)
         if label is not None:
             pairs = pt.tqdm(pairs, total=len(queries), desc=label, unit='q')
         out = []
-        for query, names in pairs:
+        for position, (query, names) in enumerate(pairs):
             docids = np.asarray(lookup.inv[names], dtype=np.int64)
             held = docids >= 0
             scores = np.zeros(int(held.sum()), dtype=np.float32)  # left as they are for a malformed query
             if query is not None and held.any():
                 scores = score_documents(aligned(query).to(device), docids[held], vectors, offsets, aggregate)
+                check(scores[None], docids[held], position)
             out.append((held, scores))
         return out
 
     def docnos(self, docids: np.ndarray) -> np.ndarray:
         """The docnos of the shard's own ``docids``."""
-        lookup = self.shard.payload()[3]
+        lookup = self.payload()[3]
         return np.asarray(lookup.fwd[docids], dtype=str) if len(docids) else np.zeros(0, dtype=str)
 
 
@@ -109,9 +135,10 @@ class LocalShards:
             index: A :class:`MultiVectorIndex` (one shard) or :class:`ShardedMultiVectorIndex`.
         """
         self.meta, _, _, self.docnos = index.payload()
+        build_ids = self.meta.get('shard_build_ids', [self.meta['build_id']])
         self.searchers = []
-        for shard in index.shards():
-            self.searchers.append(ShardSearcher(shard, sum(s.doc_count() for s in self.searchers)))
+        for shard, build_id in zip(index.shards(), build_ids):
+            self.searchers.append(ShardSearcher(shard, sum(s.doc_count() for s in self.searchers), build_id))
         self.counts = [searcher.doc_count() for searcher in self.searchers]
         self.firsts = [searcher.first for searcher in self.searchers]
 

@@ -1,0 +1,393 @@
+"""The fault suite: generated damage, kills and races against the index, the saved models and the main job's cache.
+
+No silent wrong result is allowed: a changed byte of any file is refused when the index or model opens, or by
+``verify()`` (the vectors and FAISS files, which opening does not read whole), or changes nothing; a build killed at
+any point leaves the old index or none; concurrent builders never both succeed and a reader never mixes two builds.
+Every generated case is counted by the ``fault_cases`` fixture; the run prints the total and the suite's time.
+"""
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from pyterrier_multiquery.index import CorruptIndexError, MultiVectorIndex, ShardedMultiVectorIndex
+
+DIM = 8
+FAST = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+QUERIES = pd.DataFrame({'qid': ['q0', 'q1'], 'query': 'x',
+                        'query_embs': list(np.random.default_rng(1).normal(size=(2, 3, DIM)).astype(np.float32))})
+ANN_KINDS = ('flat', 'hnsw')
+
+
+def records(count, seed=0, prefix='doc'):
+    rng = np.random.default_rng(seed)
+    return [{'docno': f'{prefix}-{i}', 'doc_embs': rng.normal(size=(1 + i % 3, DIM)).astype(np.float32)}
+            for i in range(count)]
+
+
+def search(index):
+    """The exact and approximate (every FAISS kind) results of QUERIES."""
+    return [index.maxsim_retriever(num_results=10)(QUERIES)] + \
+        [index.maxsim_retriever(num_results=10, exact=False, ann=kind)(QUERIES) for kind in ANN_KINDS]
+
+
+def same_results(got, expected) -> bool:
+    try:
+        for a, b in zip(got, expected):
+            pd.testing.assert_frame_equal(a, b)
+    except AssertionError:
+        return False
+    return True
+
+
+class Flipped:
+    """A byte of a file xor-ed with a mask within the block, restored after it."""
+
+    def __init__(self, file: Path, where: float, mask: int):
+        self.file, self.mask = file, mask
+        self.position = int(file.stat().st_size * where)
+
+    def __enter__(self):
+        with open(self.file, 'r+b') as f:
+            f.seek(self.position)
+            self.original = f.read(1)
+            f.seek(self.position)
+            f.write(bytes([self.original[0] ^ self.mask]))
+
+    def __exit__(self, *exc):
+        with open(self.file, 'r+b') as f:
+            f.seek(self.position)
+            f.write(self.original)
+
+
+def index_files(folder: Path):
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob('*') if p.is_file())
+
+
+@pytest.fixture(scope='module', params=['single', 'sharded'])
+def index_tree(request, tmp_path_factory):
+    """A single or sharded index with its FAISS stages, its file names and its original results."""
+    path = tmp_path_factory.mktemp('suite') / 'index'
+    if request.param == 'single':
+        index = MultiVectorIndex(path, verbose=False).index(records(40))
+    else:
+        index = ShardedMultiVectorIndex(path, verbose=False).indexer(shard_size=15).index(records(40))
+    results = search(index)
+    return type(index), path, index_files(path), results
+
+
+@settings(max_examples=250, **FAST)
+@given(data=st.data(), where=st.floats(0, 1, exclude_max=True), mask=st.integers(1, 255))
+def test_a_changed_byte_in_any_index_file_is_caught_or_harmless(index_tree, fault_cases, data, where, mask):
+    cls, path, files, original = index_tree
+    name = data.draw(st.sampled_from(files), label='file')
+    fault_cases()
+    with Flipped(path / name, where, mask):
+        try:
+            results = search(cls(path, verbose=False))
+        except (CorruptIndexError, FileNotFoundError):
+            return  # refused at open or load
+        if name.endswith('pt_meta.json'):  # the reference of every check: a change it allows changes nothing
+            assert same_results(results, original), f'a changed byte of {name} changed the results silently'
+            return
+        with pytest.raises(CorruptIndexError, match=Path(name).name.replace('.', r'\.')):
+            cls(path, verbose=False).verify()
+
+
+SPECIAL_VALUES = [None, 0., np.nan, np.inf, -np.inf, 3e38, -3e38, 1e-45]
+
+
+@settings(max_examples=150, **FAST)
+@given(docs=st.lists(st.tuples(st.integers(1, 3), st.sampled_from(SPECIAL_VALUES), st.integers(0, 3 * DIM - 1)),
+                     min_size=1, max_size=6),
+       seed=st.integers(0, 2 ** 32 - 1), query=arrays(np.float32, (2, 2), elements=st.floats(-2, 2, width=32)),
+       query_scale=st.sampled_from([1., 1e19, 3e38]))
+def test_generated_vectors_index_and_score_exactly_or_are_refused(tmp_path_factory, fault_cases, docs, seed, query,
+                                                                   query_scale):
+    """Documents whose vectors hold NaN, inf or values near float32's limit or below its normal range at a drawn
+    place, and queries scaled towards the limit: the indexer names a non-finite document, a score that overflows
+    names its query, and every other score is the brute-force MaxSim."""
+    fault_cases()
+    rng = np.random.default_rng(seed)
+    query = np.tile(query, (1, DIM // 2))
+    embs = []
+    for count, special, place in docs:
+        block = rng.uniform(-2, 2, size=(count, DIM)).astype(np.float32)
+        if special is not None:
+            block.flat[place % block.size] = special
+        embs.append(block)
+    path = tmp_path_factory.mktemp('vectors') / 'index'
+    frame = [{'docno': f'd{i}', 'doc_embs': e} for i, e in enumerate(embs)]
+    bad = [i for i, e in enumerate(embs) if not np.isfinite(e).all()]
+    if bad:
+        with pytest.raises(ValueError, match=f"document 'd{bad[0]}' has non-finite values"):
+            MultiVectorIndex(path, verbose=False).index(frame)
+        return
+    index = MultiVectorIndex(path, verbose=False).index(frame)
+    topics = pd.DataFrame({'qid': ['q'], 'query': 'x', 'query_embs': [query * np.float32(1)]})
+    with np.errstate(over='ignore'):
+        query = query * np.float32(query_scale)
+    topics['query_embs'] = [query]
+    if not np.isfinite(query).all():
+        with pytest.raises(ValueError, match="query 'q': query_embs has non-finite values"):
+            index.maxsim_retriever()(topics)
+        return
+    with np.errstate(over='ignore', invalid='ignore'):
+        expected = np.array([(query.astype(np.float64) @ e.T.astype(np.float64)).max(axis=1).mean() for e in embs])
+        representable = np.isfinite(expected.astype(np.float32)).all()
+    if not representable:  # MaxSim beyond float32's range
+        with pytest.raises(ValueError, match="query 'q'.*float32 overflows"):
+            index.maxsim_retriever()(topics)
+        return
+    out = index.maxsim_retriever()(topics)
+    got = dict(zip(out['docno'], out['score']))
+    for i, score in enumerate(expected):
+        assert got[f'd{i}'] == pytest.approx(score, rel=1e-4, abs=1e-3 * max(1., abs(score)))
+
+
+qid_cells = st.one_of(st.text(max_size=3), st.integers(-5, 5), st.none(), st.just(np.nan), st.floats(allow_nan=False),
+                      st.booleans(), st.binary(max_size=2))
+
+
+@settings(max_examples=100, **FAST)
+@given(qids=st.lists(qid_cells, min_size=1, max_size=4))
+def test_generated_qids_are_kept_or_refused(index_tree, fault_cases, qids):
+    """A frame's qids: non-null strings and integers, each once, come back as they were; anything else is named."""
+    fault_cases()
+    cls, path, _, _ = index_tree
+    frame = pd.DataFrame({'qid': pd.Series(qids, dtype=object), 'query': 'x',
+                          'query_embs': [QUERIES['query_embs'][0]] * len(qids)})
+    retriever = cls(path, verbose=False).maxsim_retriever(num_results=2)
+    valid = [isinstance(q, (str, int)) and not isinstance(q, bool) for q in qids]
+    if not all(valid):
+        with pytest.raises(ValueError, match='is not a non-null string or integer'):
+            retriever(frame)
+    elif len(set(qids)) < len(qids):
+        with pytest.raises(ValueError, match='has more than one row'):
+            retriever(frame)
+    else:
+        out = retriever(frame)
+        assert out['qid'].tolist() == [q for q in qids for _ in range(2)]
+
+
+@pytest.fixture(scope='module')
+def saved_model(save_tiny_bert, tmp_path_factory):
+    """A JPR model saved to a folder, its file names and its output."""
+    torch = pytest.importorskip('torch')
+    from pyterrier_multiquery.jpr import JPRModel
+    model = JPRModel(str(save_tiny_bert(['who', 'won', 'the', 'cup', 'city'])), decoder_layers=1, decoder_heads=2,
+                     decoder_dropout=0.)
+    path = tmp_path_factory.mktemp('model') / 'jpr'
+    model.save_pretrained(path)
+
+    def output(m):
+        memory = m.passages('who won the cup', ['the cup', 'city']).unsqueeze(0)
+        with torch.no_grad():
+            return m(memory, torch.tensor([[1]]), ranks=torch.tensor([[0, 1]])).numpy()
+    return type(model), path, index_files(path), output, output(model)
+
+
+@settings(max_examples=100, **FAST)
+@given(data=st.data(), where=st.floats(0, 1, exclude_max=True), mask=st.integers(1, 255))
+def test_a_changed_byte_in_any_saved_model_file_is_caught_or_harmless(saved_model, fault_cases, data, where, mask):
+    from pyterrier_multiquery._saved_model import CorruptModelError
+    cls, path, files, output, original = saved_model
+    name = data.draw(st.sampled_from(files), label='file')
+    fault_cases()
+    with Flipped(path / name, where, mask):
+        if name != 'pt_meta.json':
+            with pytest.raises(CorruptModelError, match=Path(name).name.replace('.', r'\.')):
+                cls.load(path)
+            return
+        try:
+            loaded = cls.load(path)
+        except (CorruptModelError, FileNotFoundError, ValueError):
+            return
+        np.testing.assert_array_equal(output(loaded), original)
+
+
+def _write(content):
+    def build(path):
+        path.mkdir()
+        (path / 'weights.bin').write_bytes(content)
+    return build
+
+
+CACHE_MATERIAL = {'data': 'data-1', 'settings': {'seed': 0}, 'code': 'code-1'}
+
+
+@settings(max_examples=100, **FAST)
+@given(which=st.sampled_from(['artifact/weights.bin', 'manifest.json']), where=st.floats(0, 1, exclude_max=True),
+       mask=st.integers(1, 255))
+def test_a_changed_byte_in_a_cache_entry_is_rebuilt_or_harmless(tmp_path_factory, fault_cases, which, where, mask):
+    """The main job's cache: an entry whose artifact changed is rebuilt, not used; a manifest whose change leaves
+    the key and checksums readable and equal may be used, with the artifact intact."""
+    from pyterrier_multiquery.experiment.cache import Cache
+    fault_cases()
+    root = tmp_path_factory.mktemp('cache')
+    content = bytes(range(64))
+    artifact = Cache(root).get('model', _write(content), **CACHE_MATERIAL)
+    calls = []
+
+    def rebuild(path):
+        calls.append(path)
+        _write(content)(path)
+    with Flipped(artifact.parent / which, where, mask):
+        again = Cache(root).get('model', rebuild, **CACHE_MATERIAL)
+    assert again == artifact and (again / 'weights.bin').read_bytes() == content
+    if which.startswith('artifact'):
+        assert calls, 'a damaged artifact was used'
+
+
+def _cache_get(root, results):
+    from pyterrier_multiquery.experiment.cache import Cache
+    calls = []
+
+    def build(path):
+        calls.append(path)
+        time.sleep(0.05)
+        _write(b'shared')(path)
+    artifact = Cache(root).get('model', build, **CACHE_MATERIAL)
+    results.put(((artifact / 'weights.bin').read_bytes(), len(calls)))
+
+
+def test_main_jobs_sharing_a_cache_folder_build_each_entry_once(tmp_path, fault_cases):
+    context = multiprocessing.get_context('fork')
+    for trial in range(10):
+        fault_cases()
+        results = context.Queue()
+        jobs = [context.Process(target=_cache_get, args=(tmp_path / f'cache-{trial}', results)) for _ in range(3)]
+        for job in jobs:
+            job.start()
+        outcomes = [results.get(timeout=30) for _ in jobs]
+        for job in jobs:
+            job.join()
+        assert [content for content, _ in outcomes] == [b'shared'] * 3
+        assert sum(calls for _, calls in outcomes) == 1
+
+
+def _first_build(path, build, results):
+    try:
+        MultiVectorIndex(path, verbose=False).index(records(30, seed=build, prefix=f'b{build}'))
+        results.put(build)
+    except FileExistsError:
+        results.put(None)
+
+
+def test_concurrent_first_builds(tmp_path, fault_cases):
+    """Two processes build one new index with overwrite=False: one builds it, the other is refused."""
+    context = multiprocessing.get_context('fork')
+    for trial in range(20):
+        fault_cases()
+        path, results = tmp_path / f'index-{trial}', context.Queue()
+        builders = [context.Process(target=_first_build, args=(path, build, results)) for build in (1, 2)]
+        for builder in builders:
+            builder.start()
+        for builder in builders:
+            builder.join()
+        winners = [w for w in (results.get(timeout=5), results.get(timeout=5)) if w is not None]
+        assert len(winners) == 1
+        assert MultiVectorIndex(path).payload()[3].fwd[0] == f'b{winners[0]}-0'
+
+
+def tagged_build(build: int, count: int = 400):
+    """Documents ``b<build>-<i>`` whose vectors are all ``build + i / 1000``: a mix of builds shows."""
+    return [{'docno': f'b{build}-{i}', 'doc_embs': np.full((1 + i % 2, DIM), build + i / 1000, dtype=np.float32)}
+            for i in range(count)]
+
+
+def _overwrite(path, builds, stop):
+    while not stop.is_set():
+        for build in builds:
+            MultiVectorIndex(path, verbose=False).indexer(overwrite=True).index(tagged_build(build))
+
+
+def test_readers_during_concurrent_overwrites_see_one_whole_build(tmp_path, fault_cases):
+    """Two processes overwrite one index again and again while this one opens and searches it: each open gives
+    one whole build (docnos and vectors, exact and approximate results) or a clear error."""
+    path = tmp_path / 'index'
+    MultiVectorIndex(path, verbose=False).index(tagged_build(1))
+    context = multiprocessing.get_context('fork')
+    stop = context.Event()
+    writers = [context.Process(target=_overwrite, args=(path, builds, stop)) for builds in ((2, 3), (4, 5))]
+    for writer in writers:
+        writer.start()
+    query = pd.DataFrame({'qid': ['q'], 'query': 'x', 'query_embs': [np.ones((1, DIM), dtype=np.float32)]})
+    opens, refused, deadline = 0, 0, time.monotonic() + 4
+    try:
+        while time.monotonic() < deadline:
+            fault_cases()
+            opens += 1
+            index = MultiVectorIndex(path, verbose=False)
+            try:
+                meta, vectors, offsets, docnos = index.payload()
+                builds = {docno.split('-')[0] for docno in docnos.fwd[np.arange(meta['doc_count'])]}
+                assert len(builds) == 1
+                build = int(next(iter(builds))[1:])
+                expected = build + np.repeat(np.arange(meta['doc_count']) / 1000, 1 + np.arange(meta['doc_count']) % 2)
+                np.testing.assert_allclose(np.asarray(vectors)[:, 0], expected, rtol=1e-6)
+                for exact in (True, False):  # a search follows the index to a newer build: one whole build too
+                    out = index.maxsim_retriever(num_results=3, exact=exact, ann='flat')(query)
+                    build = int(out['docno'][0].split('-')[0][1:])
+                    assert out['docno'].tolist() == [f'b{build}-{i}' for i in (399, 398, 397)]
+                    np.testing.assert_allclose(out['score'], DIM * (build + np.array([399, 398, 397]) / 1000),
+                                               rtol=1e-5)
+            except CorruptIndexError as e:
+                assert 'replaced by another build' in str(e), str(e)
+                refused += 1
+    finally:
+        stop.set()
+        for writer in writers:
+            writer.join(60)
+    assert opens > 10 and refused < opens
+
+
+KILLED_BUILD_DOCS = 4000
+
+
+def _build_and_wait(path, sharded):
+    docs = tagged_build(9, KILLED_BUILD_DOCS)
+    if sharded:
+        ShardedMultiVectorIndex(path, verbose=False).indexer(shard_size=1000, overwrite=True).index(docs)
+    else:
+        MultiVectorIndex(path, verbose=False).indexer(overwrite=True).index(docs)
+
+
+@pytest.mark.parametrize('cls', [MultiVectorIndex, ShardedMultiVectorIndex])
+def test_builds_killed_at_random_points(tmp_path, fault_cases, cls):
+    """A build killed at a random point leaves the old index or the new one, whole; the next build succeeds."""
+    context = multiprocessing.get_context('fork')
+    sharded = cls is ShardedMultiVectorIndex
+    start = time.perf_counter()
+    whole = context.Process(target=_build_and_wait, args=(tmp_path / 'timed', sharded))
+    whole.start()
+    whole.join()
+    duration = time.perf_counter() - start
+    outcomes = []
+    for case, delay in enumerate(np.random.default_rng(0).uniform(0, 1.2 * duration, size=8)):
+        fault_cases()
+        path = tmp_path / f'case-{case}'
+        cls(path, verbose=False).index(tagged_build(1, 20))
+        builder = context.Process(target=_build_and_wait, args=(path, sharded))
+        builder.start()
+        time.sleep(delay)
+        os.kill(builder.pid, signal.SIGKILL)
+        builder.join()
+        meta, _, _, docnos = cls(path, verbose=False).payload()
+        outcomes.append(meta['doc_count'])
+        assert (meta['doc_count'], docnos.fwd[meta['doc_count'] - 1]) in \
+            ((20, 'b1-19'), (KILLED_BUILD_DOCS, f'b9-{KILLED_BUILD_DOCS - 1}'))
+        cls(path, verbose=False).verify()
+        rebuilt = cls(path, verbose=False).indexer(overwrite=True).index(tagged_build(2, 5))
+        assert len(rebuilt) == 5
+        assert sorted(p.name for p in path.parent.iterdir() if p.name.startswith(f'.case-{case}')) == []
+    assert 20 in outcomes, 'no kill interrupted a build'
+
