@@ -95,6 +95,9 @@ def test_a_changed_byte_in_any_index_file_is_caught_or_harmless(index_tree, faul
             results = search(cls(path, verbose=False))
         except (CorruptIndexError, FileNotFoundError):
             return  # refused at open or load
+        except ValueError as e:   # a flipped exponent bit: finite stored values whose scores overflow, named
+            assert 'float32 overflows' in str(e) and 'document' in str(e)
+            return
         if name.endswith('pt_meta.json'):  # the reference of every check: a change it allows changes nothing
             assert same_results(results, original), f'a changed byte of {name} changed the results silently'
             return

@@ -132,7 +132,8 @@ def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, 
 
 def _write_stamped(ann, path: Path, build_id: str) -> None:
     """Writes a FAISS index followed by its stamp (see :data:`STAMP_MAGIC`)."""
-    import faiss
+    with requires('dense'):
+        import faiss
     digest = hashlib.sha256()
     with open(path, 'wb') as f:
         def write(data):

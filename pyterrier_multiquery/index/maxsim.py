@@ -253,7 +253,8 @@ class ScoreCheck:
             raise CorruptIndexError(f'document {docno!r} has non-finite values (NaN or inf) in its stored vectors: '
                                     f'the index at {str(self.path)!r} is damaged; rebuild it')
         raise ValueError(f'query {self.qids[first_query + row]!r}: its MaxSim score against document {docno!r} is '
-                         f'{float(scores[row, column])} (float32 overflows): scale its query_embs down')
+                         f'{float(scores[row, column])} (float32 overflows): the query\'s or the document\'s vectors '
+                         f'are too large (scale its query_embs down; index.verify() checks the stored vectors)')
 
 
 def score_documents(query, docids: np.ndarray, vectors, offsets: np.ndarray, aggregate: str) -> np.ndarray:
