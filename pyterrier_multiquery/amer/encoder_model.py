@@ -7,6 +7,7 @@ from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building
 from pyterrier_multiquery._saved_model import write_meta
 from pyterrier_multiquery.amer.model import AMERModel, CONFIG_NAME, PROJECTIONS, with_lora
+from pyterrier_multiquery.training.departure import checked_departure
 
 with requires('dense'):
     import torch
@@ -87,9 +88,7 @@ class EncoderAMERModel(AMERModel):
 
     @departure.setter
     def departure(self, value: float) -> None:
-        if not 0. <= value <= 1.:
-            raise ValueError(f'departure must lie in [0, 1], got {value}')
-        self._departure = float(value)
+        self._departure = checked_departure(value)
 
     @classmethod
     def from_encoder(cls, path: Union[str, Path], *, num_vectors: int = 3, train_encoder: str = 'lora',

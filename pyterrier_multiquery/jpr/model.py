@@ -10,6 +10,7 @@ import numpy as np
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building
 from pyterrier_multiquery._saved_model import SavedModel, check_saved, read_json, write_meta
+from pyterrier_multiquery.training.departure import checked_departure
 
 with requires('dense'):
     import torch
@@ -159,12 +160,11 @@ class JPRModel(nn.Module, SavedModel):
 
     @departure.setter
     def departure(self, value: float) -> None:
-        if not 0. <= value <= 1.:
-            raise ValueError(f'departure must lie in [0, 1], got {value}')
+        value = checked_departure(value)
         if value != 1. and not self.prior:
             raise ValueError('a JPR model without a first-stage prior has no first stage to fall back to: '
                              'departure must be 1')
-        self._departure = float(value)
+        self._departure = value
 
     def trainable_parameters(self):
         """The decoder's parameters, and the encoder's when it is not frozen."""

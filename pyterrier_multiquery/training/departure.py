@@ -6,6 +6,13 @@ import pandas as pd
 DEPARTURE_GRID = (0., .25, .5, .75, 1.)
 
 
+def checked_departure(value: float) -> float:
+    """``value`` as a float, if it is a departure weight (in [0, 1]); else a ValueError naming it."""
+    if not 0. <= value <= 1.:
+        raise ValueError(f'departure must lie in [0, 1], got {value}')
+    return float(value)
+
+
 def choose_departure(scores: pd.DataFrame) -> float:
     """The smallest departure weight whose score is within one standard error of the best (the one-SE rule).
 
