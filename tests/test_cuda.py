@@ -1,0 +1,36 @@
+"""The index's CUDA path gives the CPU path's rankings (run where torch sees a GPU; skipped elsewhere)."""
+import numpy as np
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip('torch')
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason='no GPU visible to torch')
+
+
+@pytest.fixture(scope='module')
+def index_and_topics(tmp_path_factory):
+    from pyterrier_multiquery.experiment.clustered_collection import clustered_collection
+    from pyterrier_multiquery.index import MultiVectorIndex
+    stream, queries = clustered_collection(3000, dim=32, min_vectors=2, max_vectors=12, topics=100, query_count=30,
+                                           query_vectors=5, seed=3)
+    index = MultiVectorIndex(tmp_path_factory.mktemp('cuda') / 'index', verbose=False).indexer().index(stream)
+    return index, pd.DataFrame({'qid': [f'q{i}' for i in range(len(queries))], 'query_embs': queries})
+
+
+@pytest.mark.parametrize('exact', [True, False])
+def test_cuda_ranks_as_the_cpu(index_and_topics, exact):
+    index, topics = index_and_topics
+    cpu = index.retriever(exact=exact, device='cpu', num_results=20)(topics)
+    cuda = index.retriever(exact=exact, device='cuda', num_results=20)(topics)
+    assert list(cuda['docno']) == list(cpu['docno'])
+    np.testing.assert_allclose(cuda['score'], cpu['score'], rtol=1e-5, atol=1e-5)
+
+
+def test_cuda_rescores_as_the_cpu(index_and_topics):
+    index, topics = index_and_topics
+    candidates = index.retriever(exact=True, device='cpu', num_results=50)(topics)[['qid', 'docno']]
+    frame = candidates.merge(topics, on='qid')
+    cpu = index.scorer(device='cpu')(frame)
+    cuda = index.scorer(device='cuda')(frame)
+    assert list(cuda['docno']) == list(cpu['docno'])
+    np.testing.assert_allclose(cuda['score'], cpu['score'], rtol=1e-5, atol=1e-5)
