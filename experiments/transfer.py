@@ -6,9 +6,10 @@ Collections (from the shared data folder): RAMDocs (500 questions, one to three 
 each supporting paragraph its own answer) and SciFact's queries with two or more relevant documents (train and test
 qrels together: 100 queries, each relevant document its own answer; never used for training or tuning). First stage:
 all-MiniLM-L6-v2. Trained systems: MiniLM-FT (MiniLM fine-tuned contrastively on the training questions, the fair
-single-vector baseline), AMER (over MiniLM, lists merged round-robin) and MiniLM >> JPR (top 20 reranked). Every
-model trains on a schedule fixed in advance (the trainers' epochs) on 80 % of its training questions; the other
-20 % choose its departure weight from the first stage by the one-standard-error rule
+single-vector baseline, on all the training questions), AMER (over MiniLM, lists merged round-robin) and MiniLM >>
+JPR (top 20 reranked). Every model trains on a schedule fixed in advance (the trainers' epochs); AMER and JPR on
+80 % of the training questions, the other 20 % choosing each one's departure weight from the first stage by the
+one-standard-error rule
 (:func:`~pyterrier_multiquery.training.departure.choose_departure`). No weight, epoch or setting is chosen on a
 test fold or a transfer target. Each model is also shown at departure 1 (``as trained, λ=1``); the weights chosen
 are listed per model (per fold in domain).
@@ -17,7 +18,9 @@ Out of domain: a model trained on all of a collection's questions, tested on eve
 domain: 5-fold cross-validation by question (train on four folds, test on the fifth). Each system is compared with
 the first stage and with MiniLM-FT on the same queries: mean difference, 95 % paired-bootstrap interval, p-value.
 The floor: on every collection a model never saw, MRecall@10 at least MiniLM's minus 0.005 and not significantly
-below it (p < 0.05). Writes ``experiments/results/transfer.{md,json,csv,png}``.
+below it (p < 0.05). Writes ``experiments/results/transfer.{md,json,csv,png}``; the per-query scores and chosen
+weights of every finished part are stored as it goes (``transfer_perquery.csv``, ``transfer_choices.csv``), so a
+stopped run goes on where it stopped (``--restart`` forgets them; ``--report-only`` reports what is stored).
 """
 import copy
 import time
@@ -29,7 +32,7 @@ from pyterrier_multiquery.experiment import systems
 from pyterrier_multiquery.experiment.cache import Cache
 from pyterrier_multiquery.experiment.evaluation import (
     compare,
-    cross_validate,
+    cross_validation_folds,
     experiment_parser,
     per_query,
     write_report,
@@ -152,58 +155,105 @@ def figure(table: pd.DataFrame):
     return fig
 
 
+class Parts:
+    """The per-query scores and the chosen weights of every finished part of the run (a training source, a test
+    collection and, in domain, a fold), kept in two CSV files beside the report, so that a stopped run goes on where
+    it stopped (each file is replaced whole, through a temporary name, after every part)."""
+
+    def __init__(self, out: Path, restart: bool = False):
+        self.paths = {'scores': out.with_name(out.name + '_perquery.csv'),
+                      'choices': out.with_name(out.name + '_choices.csv')}
+        self.frames = {}
+        for name, path in self.paths.items():
+            if restart:
+                path.unlink(missing_ok=True)
+            self.frames[name] = pd.read_csv(path, dtype={'qid': str}) if path.exists() else pd.DataFrame()
+
+    def done(self, source: str, target: str, fold: int) -> bool:
+        """Whether the part is stored (its weights are written after its scores)."""
+        choices = self.frames['choices']
+        return not choices.empty and bool(((choices['trained on'] == source) & (choices['tested on'] == target)
+                                           & (choices['fold'] == fold)).any())
+
+    def add(self, scores: pd.DataFrame, choice: dict) -> None:
+        """Stores a finished part: its per-query scores and the weights its training chose."""
+        for name, frame in (('scores', scores), ('choices', pd.DataFrame([choice]))):
+            self.frames[name] = pd.concat([self.frames[name], frame], ignore_index=True)
+            path = self.paths[name]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.frames[name].to_csv(path.with_suffix('.tmp'), index=False)
+            path.with_suffix('.tmp').replace(path)
+
+
+def run_part(parts: Parts, source: str, target: str, fold: int, collection: Collection, train: Collection,
+             train_qids, test_qids, args) -> None:
+    """Trains on ``train_qids`` of ``train``, scores ``test_qids`` of ``collection`` and stores the part."""
+    if parts.done(source, target, fold):
+        return
+    built, chosen = trained_systems(collection, train, questions(train.dataset.get_topics(), train_qids),
+                                    questions(train.dataset.get_qrels(), train_qids), args)
+    runs = {name: system(questions(collection.topics, test_qids)) for name, system in built.items()}
+    scores = per_query(runs, questions(collection.qrels, test_qids), MEASURES)
+    parts.add(scores.assign(**{'trained on': source, 'tested on': target, 'fold': fold}),
+              {'trained on': source, 'tested on': target, 'fold': fold, **chosen})
+    print(f'{source} -> {target}' + (f', fold {fold}' if fold >= 0 else '') + ': '
+          + ', '.join(f'{name} λ={weight:g}' for name, weight in chosen.items()), flush=True)
+
+
+def questions(frame: pd.DataFrame, qids) -> pd.DataFrame:
+    """The rows of ``frame`` (topics or qrels) whose ``qid`` is in ``qids`` (all rows for None)."""
+    return frame if qids is None else frame[frame['qid'].isin(set(qids))].reset_index(drop=True)
+
+
+def report(parts: Parts, args, seconds: float) -> None:
+    """The report of every stored part: the table, the chosen weights, the figure and the per-query CSV."""
+    scores, tables = parts.frames['scores'], []
+    for (source, target), pair in scores.groupby(['trained on', 'tested on'], sort=False):
+        in_domain = source == target
+        folds = pair['fold'].nunique()
+        label = f'{source} ({args.folds}-fold CV' + ('' if folds == args.folds else f', {folds} folds done') + ')'
+        tables.append(table_rows(pair, label if in_domain else source, target, in_domain))
+    table = pd.concat(tables, ignore_index=True)
+    write_report(args.out, 'Trained methods on collections they never saw', __doc__.split('\n\n', 2)[2],
+                 {'MRecall against the first stage and the fine-tuned single vector': table,
+                  'Departure weights chosen on training data (λ: 0 = first stage, 1 = as trained; fold -1: all of '
+                  'the source)': parts.frames['choices']},
+                 extra={'seconds': seconds, 'training': TRAINING, 'seed': args.seed, 'threads': args.threads},
+                 figure=figure(table), csv=True)
+    print(table.to_string(), flush=True)
+
+
 def main():
     parser = experiment_parser(__doc__.splitlines()[0], RESULTS / 'transfer')
     parser.add_argument('--folds', type=int, default=5, help='in-domain cross-validation folds (default: 5)')
     parser.add_argument('--skip-in-domain', action='store_true', help='only the collections a model never saw')
     parser.add_argument('--threads', type=int, default=2, help='torch threads (default: 2)')
+    parser.add_argument('--restart', action='store_true', help='forget the parts stored by an earlier run')
+    parser.add_argument('--report-only', action='store_true', help='write the report of the stored parts only')
     args = parser.parse_args()
     from pyterrier_multiquery.experiment.determinism import make_deterministic
     make_deterministic(args.seed, args.threads)
     start = time.perf_counter()
-    cache = Cache(args.cache_dir)
-    loaded = {name: load_dataset(args.data_root / name) for name in TARGETS}
-    collections = {'ramdocs': Collection(loaded['ramdocs'], cache), 'musique': Collection(loaded['musique'], cache),
-                   'scifact': Collection(loaded['scifact'], cache, *multi_relevant(loaded['scifact']))}
-    tables, scores, choices = [], [], []
-    for source, members in SOURCES.items():   # trained on every question of the source
-        train = collections[members[0]] if len(members) == 1 else Collection(
-            CombinedDataset([loaded[m] for m in members]), cache)
-        topics, qrels = train.dataset.get_topics(), train.dataset.get_qrels()
-        for key, collection in collections.items():
-            if key in members:
-                continue
-            target = TARGETS[key]
-            built, chosen = trained_systems(collection, train, topics, qrels, args)
-            choices.append({'trained on': source, 'tested on': target, 'fold': None, **chosen})
-            runs = {name: system(collection.topics) for name, system in built.items()}
-            pair = per_query(runs, collection.qrels, MEASURES).assign(**{'trained on': source, 'tested on': target})
-            scores.append(pair)
-            tables.append(table_rows(pair, source, target, in_domain=False))
-            print(tables[-1].to_string(), flush=True)
-    if not args.skip_in_domain:
-        for key in ('ramdocs', 'musique'):
-            collection, source = collections[key], TARGETS[key]
-
-            def fold_systems(fold, train_topics, train_qrels, collection=collection, source=source):
-                built, chosen = trained_systems(collection, collection, train_topics, train_qrels, args)
-                choices.append({'trained on': source, 'tested on': source, 'fold': fold, **chosen})
-                return built
-
-            runs = cross_validate(collection.topics, collection.qrels, fold_systems, folds=args.folds,
-                                  seed=args.seed).runs
-            pair = per_query(runs, collection.qrels, MEASURES).assign(**{'trained on': source, 'tested on': source})
-            scores.append(pair)
-            tables.append(table_rows(pair, f'{source} ({args.folds}-fold CV)', source, in_domain=True))
-            print(tables[-1].to_string(), flush=True)
-    table = pd.concat(tables, ignore_index=True)
-    write_report(args.out, 'Trained methods on collections they never saw', __doc__.split('\n\n', 2)[2],
-                 {'MRecall against the first stage and the fine-tuned single vector': table,
-                  'Departure weights chosen on training data (λ: 0 = first stage, 1 = as trained)':
-                      pd.DataFrame(choices)},
-                 extra={'seconds': time.perf_counter() - start, 'training': TRAINING, 'seed': args.seed},
-                 figure=figure(table), csv=True)
-    pd.concat(scores, ignore_index=True).to_csv(args.out.with_name(args.out.name + '_perquery.csv'), index=False)
+    parts = Parts(args.out, restart=args.restart)
+    if not args.report_only:
+        cache = Cache(args.cache_dir)
+        loaded = {name: load_dataset(args.data_root / name) for name in TARGETS}
+        collections = {'ramdocs': Collection(loaded['ramdocs'], cache),
+                       'musique': Collection(loaded['musique'], cache),
+                       'scifact': Collection(loaded['scifact'], cache, *multi_relevant(loaded['scifact']))}
+        for source, members in SOURCES.items():   # trained on every question of the source
+            train = collections[members[0]] if len(members) == 1 else Collection(
+                CombinedDataset([loaded[m] for m in members]), cache)
+            for key, collection in collections.items():
+                if key not in members:
+                    run_part(parts, source, TARGETS[key], -1, collection, train, None, None, args)
+        if not args.skip_in_domain:
+            for key in ('musique', 'ramdocs'):
+                collection, source = collections[key], TARGETS[key]
+                for fold, (train_qids, test_qids) in enumerate(
+                        cross_validation_folds(collection.qrels, args.folds, seed=args.seed)):
+                    run_part(parts, source, source, fold, collection, collection, train_qids, test_qids, args)
+    report(parts, args, time.perf_counter() - start)
     print(f'wrote {args.out}.md ({time.perf_counter() - start:.0f}s)')
 
 
