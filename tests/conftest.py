@@ -1,10 +1,14 @@
 import importlib.metadata
+import json
 import os
 import time
 from pathlib import Path
 
 import pyterrier as pt
 import pytest
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / 'notebooks'
+CHECK = 'NOTEBOOK CHECK '  # what the cell execute_notebook adds prints before its JSON
 
 
 @pytest.fixture(scope='session')
@@ -14,6 +18,38 @@ def data_dir():
     if not path.is_dir():
         pytest.skip('shared data folder not found (set PYTERRIER_MULTIQUERY_DATA)')
     return path
+
+
+@pytest.fixture
+def execute_notebook(data_dir, tmp_path, monkeypatch):
+    """``execute(name, cache, check, limit_s)`` runs ``notebooks/NAME.ipynb`` top to bottom within ``limit_s`` seconds
+    in all, with a last cell added that prints ``check`` (an expression) as JSON; returns the executed notebook and
+    the printed value.
+
+    It runs from an in-memory copy (the stored file is never written) with ``notebooks/`` as its working directory,
+    as ``jupyter nbconvert --execute`` runs it, the shared data and the folder ``cache`` in its environment; the
+    executed copy is written to the test's temporary folder.
+    """
+    nbformat = pytest.importorskip('nbformat')
+    nbclient = pytest.importorskip('nbclient')
+    pytest.importorskip('ipykernel')
+    monkeypatch.setenv('PYTERRIER_MULTIQUERY_DATA', str(data_dir))
+
+    def execute(name: str, cache: Path, check: str, limit_s: float):
+        monkeypatch.setenv('PYTERRIER_MULTIQUERY_CACHE', str(cache))
+        notebook = nbformat.read(NOTEBOOKS / f'{name}.ipynb', as_version=4)
+        notebook.cells.append(nbformat.v4.new_code_cell(f'import json\nprint({CHECK!r} + json.dumps({check}))'))
+        deadline = time.monotonic() + limit_s
+        client = nbclient.NotebookClient(notebook, kernel_name='python3',
+                                         timeout_func=lambda cell: max(1, int(deadline - time.monotonic())),
+                                         resources={'metadata': {'path': str(NOTEBOOKS)}})
+        try:
+            client.execute()
+        finally:
+            nbformat.write(notebook, tmp_path / f'{name}.ipynb')
+        printed = ''.join(o.get('text', '') for o in notebook.cells[-1].outputs if o['output_type'] == 'stream')
+        return notebook, json.loads(printed[printed.index(CHECK) + len(CHECK):])
+    return execute
 
 
 @pytest.fixture(scope='session')

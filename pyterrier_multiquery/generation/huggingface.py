@@ -1,5 +1,7 @@
 """Local generation with any Hugging Face causal LM checkpoint (GGUF files included)."""
+import contextlib
 import importlib.util
+import io
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -32,7 +34,7 @@ class HuggingFaceGenerator(TextGenerator):
             batch_size: Prompts generated together.
             device: torch device (default: CUDA if available, else CPU).
             seed: Seed for sampling.
-            verbose: Whether to show a progress bar over batches.
+            verbose: Whether to show a progress bar over batches, and transformers' bars while the model loads.
         """
         with requires('generation'):
             from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -49,7 +51,9 @@ class HuggingFaceGenerator(TextGenerator):
         self.tokenizer.padding_side = 'left'  # generation continues from the right end of every row
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(model, **load_args).to(self.device).eval()
+        # transformers' GGUF reader shows a bar of its own, whatever its progress-bar setting
+        with contextlib.nullcontext() if verbose else contextlib.redirect_stderr(io.StringIO()):
+            self.model = AutoModelForCausalLM.from_pretrained(model, **load_args).to(self.device).eval()
 
     def settings(self) -> Dict:
         return {'max_new_tokens': self.max_new_tokens, 'temperature': self.temperature, 'top_p': self.top_p,
