@@ -134,7 +134,7 @@ def figure(table: pd.DataFrame):
     """ΔMRecall@10 against MiniLM with its interval, one panel per test collection."""
     import matplotlib.pyplot as plt
     targets = list(dict.fromkeys(table['tested on']))
-    fig, axes = plt.subplots(1, len(targets), figsize=(4.8 * len(targets), 3.8), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(targets), figsize=(6.4 * len(targets), 4.2), squeeze=False)
     for ax, target in zip(axes[0], targets):
         part = table[(table['tested on'] == target) & (table['system'] != 'MiniLM')].reset_index(drop=True)
         low = part['MRecall@10 95% CI'].str.strip('[]').str.split(', ').str[0].astype(float)
@@ -151,7 +151,7 @@ def figure(table: pd.DataFrame):
         ax.set_xlabel('ΔMRecall@10 vs MiniLM (95% CI)')
     fig.suptitle('Trained methods against their first stage (blue: in domain, 5-fold CV; orange: never seen)',
                  fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(w_pad=2)
     return fig
 
 
