@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from pyterrier_multiquery._files import building
 from pyterrier_multiquery.experiment import systems
 from pyterrier_multiquery.experiment.cache import Cache
 from pyterrier_multiquery.experiment.evaluation import (
@@ -179,10 +180,8 @@ class Parts:
         """Stores a finished part: its per-query scores and the weights its training chose."""
         for name, frame in (('scores', scores), ('choices', pd.DataFrame([choice]))):
             self.frames[name] = pd.concat([self.frames[name], frame], ignore_index=True)
-            path = self.paths[name]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.frames[name].to_csv(path.with_suffix('.tmp'), index=False)
-            path.with_suffix('.tmp').replace(path)
+            with building(self.paths[name]) as tmp:
+                self.frames[name].to_csv(tmp, index=False)
 
 
 def run_part(parts: Parts, source: str, target: str, fold: int, collection: Collection, train: Collection,
@@ -206,7 +205,7 @@ def questions(frame: pd.DataFrame, qids) -> pd.DataFrame:
 
 
 def report(parts: Parts, args, seconds: float) -> None:
-    """The report of every stored part: the table, the chosen weights, the figure and the per-query CSV."""
+    """The report of every stored part: the table, the chosen weights and the figure."""
     scores, tables = parts.frames['scores'], []
     for (source, target), pair in scores.groupby(['trained on', 'tested on'], sort=False):
         in_domain = source == target

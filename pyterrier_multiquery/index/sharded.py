@@ -259,10 +259,7 @@ class ShardedMultiVectorIndexer(pt.Indexer):
                 names = _build_in_processes(groups, tmp, self.dtype, self.processes)
             if not names:
                 raise ValueError('nothing to index: the input had no documents')
-            shards = [MultiVectorIndex(tmp / name, verbose=False).payload() for name in names]
-            _check_same_vectors(shards, names)
-            _check_unique_across([docnos for _, _, _, docnos in shards], names)
-            _write_meta(tmp, names, [meta for meta, _, _, _ in shards])
+            _register_shards(tmp, names)
         self.index_ref._payload = None
         return self.index_ref
 
@@ -319,15 +316,21 @@ class RayShardedIndexer:
             tmp.mkdir()
             run_tasks(_index_part, [(str(tmp / name), part, self.dtype) for name, part in zip(names, parts)],
                       names, num_cpus=self.num_cpus, address=self.address, verbose=self.index_ref.verbose)
-            shards = [MultiVectorIndex(tmp / name, verbose=False).payload() for name in names]
-            _check_same_vectors(shards, names)
-            _check_unique_across([docnos for _, _, _, docnos in shards], names)
-            _write_meta(tmp, names, [meta for meta, _, _, _ in shards])
+            _register_shards(tmp, names)
         self.index_ref._payload = None
         return self.index_ref
 
     def __repr__(self):
         return f'{self.index_ref!r}.ray_indexer(dtype={self.dtype!r})'
+
+
+def _register_shards(folder: Path, names: List[str]) -> None:
+    """Checks the shards built in ``folder`` (same vectors, docnos unique across them) and writes the metadata that
+    makes them one sharded index."""
+    shards = [MultiVectorIndex(folder / name, verbose=False).payload() for name in names]
+    _check_same_vectors(shards, names)
+    _check_unique_across([docnos for _, _, _, docnos in shards], names)
+    _write_meta(folder, names, [meta for meta, _, _, _ in shards])
 
 
 def _index_part(path: str, part, dtype: str) -> None:
