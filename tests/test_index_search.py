@@ -128,21 +128,20 @@ def test_candidates_covering_every_document_give_the_exact_ranking(data):
 
 
 def test_float16_blocks_are_converted_a_tile_at_a_time(data, monkeypatch):
-    import torch
-
-    from pyterrier_multiquery.index import maxsim
+    from pyterrier_multiquery.index.exact import ScreenedBatch, screening_dtype
     _, indexes, queries = data
     largest = []
 
-    def recording(query, doc_vectors, doc_lengths, aggregate):
-        largest.append(len(doc_vectors))
-        assert doc_vectors.dtype == torch.float32
-        return scores(query, doc_vectors, doc_lengths, aggregate)
+    def recording(self, tile, lengths):
+        largest.append(len(tile))
+        assert tile.dtype == screening_dtype('cpu')
+        return scores(self, tile, lengths)
 
-    scores = maxsim.maxsim_scores
-    monkeypatch.setattr(maxsim, 'maxsim_scores', recording)
-    indexes['float16'].maxsim_retriever(num_results=5, tile_bytes=4 * 200)(topics(queries[:2]))
-    # a tile holds about tile_bytes / 4 / (query rows + dim) vectors: as many, plus what ends its last document
+    scores = ScreenedBatch.tile_scores
+    monkeypatch.setattr(ScreenedBatch, 'tile_scores', recording)
+    indexes['float16'].maxsim_retriever(num_results=5, tile_bytes=2 * 200)(topics(queries[:2]))
+    # a tile holds about tile_bytes / 2 (bytes of a screened number) / (query rows + dim) vectors: as many, plus
+    # what ends its last document
     rows = sum(len(q) for q in queries[:2])
     assert max(largest) < 200 // (rows + DIM) + 6 and len(largest) > 10
 

@@ -1,6 +1,7 @@
 """On-disk storage of the MultiVectorIndex: a variable number of vectors per document, memory-mapped."""
 import hashlib
 import json
+import math
 import os
 import re
 import uuid
@@ -215,7 +216,7 @@ class MultiVectorIndexer(pt.Indexer):
         if self.index_ref.verbose:
             inp = pt.tqdm(inp, desc='indexing', unit='doc')
         file_name, dtype = _DTYPES[self.dtype]
-        dim, offsets = None, [0]
+        dim, offsets, max_square = None, [0], 0.0
         vectors_sha256 = hashlib.sha256()
         with building(path) as tmp:
             tmp.mkdir()
@@ -228,6 +229,8 @@ class MultiVectorIndexer(pt.Indexer):
                     elif embs.shape[1] != dim:
                         raise ValueError(f'document {docno!r} has vectors of size {embs.shape[1]}, '
                                          f'expected {dim} as the earlier documents')
+                    wide = embs.astype(np.float64)
+                    max_square = max(max_square, float((wide * wide).sum(axis=1).max()))
                     data = embs.tobytes()
                     vecs.write(data)
                     vectors_sha256.update(data)
@@ -237,7 +240,8 @@ class MultiVectorIndexer(pt.Indexer):
             np.asarray(offsets, dtype=np.int64).tofile(tmp / 'offsets.i8')
             meta = {'type': MultiVectorIndex.ARTIFACT_TYPE, 'format': MultiVectorIndex.ARTIFACT_FORMAT,
                     'package_hint': 'pyterrier-multiquery', 'dtype': self.dtype, 'dim': dim,
-                    'doc_count': len(offsets) - 1, 'vec_count': offsets[-1], 'build_id': uuid.uuid4().hex,
+                    'doc_count': len(offsets) - 1, 'vec_count': offsets[-1], 'max_norm': math.sqrt(max_square),
+                    'build_id': uuid.uuid4().hex,
                     'sha256': {file_name: vectors_sha256.hexdigest(),
                                **{name: file_sha256(tmp / name) for name in _CHECKED_AT_OPEN}}}
             (tmp / 'pt_meta.json').write_text(json.dumps(meta))
@@ -386,6 +390,10 @@ def _read_meta(path: Path, artifact: type = None) -> Tuple[dict, bytes]:
     for key in ('dim', 'doc_count', 'vec_count'):
         if type(meta.get(key)) is not int or meta[key] < 1:
             raise CorruptIndexError(f'{str(meta_file)!r}: {key} must be a positive integer, got {meta.get(key)!r}')
+    if 'max_norm' in meta and (type(meta['max_norm']) not in (int, float) or not math.isfinite(meta['max_norm'])
+                               or meta['max_norm'] < 0):
+        raise CorruptIndexError(f'{str(meta_file)!r}: max_norm must be a non-negative number, '
+                                f'got {meta["max_norm"]!r}')
     if artifact is MultiVectorIndex:
         files = sorted([_DTYPES[meta['dtype']][0], *_CHECKED_AT_OPEN])
         checksums = meta.get('sha256')

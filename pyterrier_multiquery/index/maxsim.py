@@ -198,18 +198,20 @@ class MaxSimScorer(DerivedIdentity, NumResultsCutoff, pt.Transformer):
             except ValueError as e:
                 queries.append(None)
                 invalid.append(e)
-        docnos = docno_array(inp['docno'])
+        docnos, strings = docno_array(inp['docno'])  # a docno that is not a string is not found: reported in order
         with cpu_threads(self.threads):
-            per_shard = shards.map('score', queries, [docnos[rows] for _, rows in groups],
+            per_shard = shards.map('score', queries, [docnos[rows[strings[rows]]] for _, rows in groups],
                                    qids=[qid for qid, _ in groups], aggregate=self.aggregate, device=self.device,
                                    label=repr(self) if self.verbose else None)
         scores, found = np.zeros(len(inp), dtype=np.float32), np.zeros(len(inp), dtype=bool)
         for part in per_shard:
             for (_, rows), (held, shard_scores) in zip(groups, part):
-                scores[rows[held]] = shard_scores
-                found[rows[held]] = True
+                scores[rows[strings[rows]][held]] = shard_scores
+                found[rows[strings[rows]][held]] = True
         if not found.all():
-            raise KeyError(f'docno {inp["docno"].tolist()[int(np.argmin(found))]!r} is not in the index')
+            first = int(np.argmin(found))
+            raise KeyError(f'docno {inp["docno"].tolist()[first]!r} is not in the index' +
+                           ('' if strings[first] else ' (docnos are strings)'))
         if invalid:
             raise invalid[0]
         out = pt.model.add_ranks(inp.assign(score=scores))
@@ -263,43 +265,6 @@ def score_documents(query, docids: np.ndarray, vectors, offsets: np.ndarray, agg
     rows = np.repeat(offsets[docids] - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
     doc_vectors = aligned(vectors[rows]).float().to(query.device)
     return maxsim_scores(query, doc_vectors, torch.from_numpy(lengths).to(query.device), aggregate)[0].cpu().numpy()
-
-
-def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_results: int, aggregate: str,
-              batch_size: int, block_vectors: int, tile_bytes: int, device: str, label: Optional[str] = None,
-              check: Optional[ScoreCheck] = None):
-    """Each query's top documents of an index (or one shard) by exact MaxSim over all its documents.
-
-    The stored vectors are read in blocks of about ``block_vectors`` (each block once, for all the queries) and
-    scored in tiles of about ``tile_bytes``, as :class:`MaxSimRetriever` describes; ``check`` is given each block's
-    scores.
-
-    Returns:
-        For each batch of ``batch_size`` queries, ``(scores, docids)``: each query's top ``num_results`` (or all the
-        documents, if fewer) in a row, by score, ties by docid.
-    """
-    batches = [[aligned(q).to(device) for q in queries[start:start + batch_size]]
-               for start in range(0, len(queries), batch_size)]
-    best = [(torch.empty((len(batch), 0), device=device),
-             torch.empty((len(batch), 0), dtype=torch.long, device=device)) for batch in batches]
-    tile_vectors = [max(1, tile_bytes // (8 * (sum(len(q) for q in batch) + vectors.shape[1])))
-                    for batch in batches]  # a tile's float64 vectors and its similarities
-    blocks = document_blocks(offsets, block_vectors)
-    if label is not None:
-        blocks = pt.tqdm(blocks, desc=label, unit='block')
-    for first, last in blocks:
-        block_offsets = offsets[first:last + 1] - offsets[first]
-        block = aligned(vectors[offsets[first]:offsets[last]])
-        block = block.to(device)  # the stored dtype: a float16 block is converted a tile at a time
-        lengths = torch.from_numpy(np.diff(block_offsets)).to(device)
-        for i, batch in enumerate(batches):
-            scores = torch.cat([
-                maxsim_scores(batch, block[block_offsets[a]:block_offsets[b]].float(), lengths[a:b], aggregate)
-                for a, b in document_blocks(block_offsets, tile_vectors[i])], dim=1)
-            if check is not None:
-                check(scores, np.arange(first, last), i * batch_size)
-            best[i] = keep_best(*best[i], scores, first, num_results)
-    return [(scores.cpu().numpy(), docids.cpu().numpy()) for scores, docids in best]
 
 
 def rescore_candidates(queries: List[np.ndarray], batches, vectors, offsets: np.ndarray, *, num_results: int,
@@ -469,14 +434,13 @@ def check_unique_qids(inp: pd.DataFrame) -> None:
                          'per query (give each its own qid)')
 
 
-def docno_array(values) -> np.ndarray:
+def docno_array(values) -> Tuple[np.ndarray, np.ndarray]:
     """Docnos (strings of any characters) as a str array, which npids looks up by their UTF-8 (an object array, as
-    ASCII); raises naming the first value that is not a string."""
+    ASCII), and which of the values are strings (the others, as empty strings in the array, are to be looked up
+    by no one)."""
     values = list(values)
-    if not all(isinstance(value, str) for value in values):
-        value = next(value for value in values if not isinstance(value, str))
-        raise KeyError(f'docno {value!r} is not in the index (docnos are strings)')
-    return np.array(values, dtype=str)
+    strings = np.array([isinstance(value, str) for value in values], dtype=bool)
+    return np.array([value if ok else '' for value, ok in zip(values, strings)], dtype=str), strings
 
 
 def document_blocks(offsets: np.ndarray, block_vectors: int) -> List[Tuple[int, int]]:
@@ -484,14 +448,6 @@ def document_blocks(offsets: np.ndarray, block_vectors: int) -> List[Tuple[int, 
     bounds = np.searchsorted(offsets, np.arange(0, offsets[-1], block_vectors), side='right') - 1
     bounds = np.unique(np.append(bounds, len(offsets) - 1))
     return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
-
-
-def keep_best(best_scores, best_docids, scores, first: int, k: int):
-    """Merges the scores of documents ``first, first + 1, ...`` into each query's running top ``k`` (sorted by
-    score, then docid; the documents follow all those already seen)."""
-    docids = torch.arange(first, first + scores.shape[1], device=scores.device).expand(len(scores), -1)
-    merged, order = torch.cat([best_scores, scores], dim=1).sort(dim=1, descending=True, stable=True)
-    return merged[:, :k], torch.cat([best_docids, docids], dim=1).gather(1, order[:, :k])
 
 
 def candidate_documents(hits: np.ndarray, vector_counts: np.ndarray) -> np.ndarray:

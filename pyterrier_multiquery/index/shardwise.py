@@ -11,7 +11,8 @@ import numpy as np
 import pyterrier as pt
 
 from pyterrier_multiquery.index.errors import CorruptIndexError
-from pyterrier_multiquery.index.maxsim import ScoreCheck, aligned, exact_top, rescore_candidates, score_documents
+from pyterrier_multiquery.index.exact import exact_top, max_vector_norm
+from pyterrier_multiquery.index.maxsim import ScoreCheck, aligned, rescore_candidates, score_documents
 
 
 class ShardSearcher:
@@ -34,6 +35,7 @@ class ShardSearcher:
         self.first = first
         self.build_id = shard.payload()[0]['build_id'] if build_id is None else build_id
         self._stages = {}
+        self._max_norm = {}
 
     def payload(self):
         """The shard's ``payload()``, checked to be of ``build_id``.
@@ -52,12 +54,23 @@ class ShardSearcher:
         return self.payload()[0]['doc_count']
 
     def exact(self, queries: List[np.ndarray], *, qids: list, **settings) -> list:
-        """Each batch's top documents by exact MaxSim (``settings`` as :func:`~.maxsim.exact_top`; ``qids``: the
+        """Each batch's top documents by exact MaxSim (``settings`` as :func:`~.exact.exact_top`; ``qids``: the
         queries'), as ``(scores, docids, counts)``."""
         payload = self.payload()
         check = ScoreCheck(qids, payload, self.shard.path)
         return [(scores, docids + self.first, np.full(len(scores), scores.shape[1]))
-                for scores, docids in exact_top(queries, payload[1], payload[2], check=check, **settings)]
+                for scores, docids in exact_top(queries, payload[1], payload[2], check=check,
+                                                max_norm=self.max_norm(payload), **settings)]
+
+    def max_norm(self, payload) -> float:
+        """The largest norm of the shard's stored vectors: its ``max_norm``, or computed once for an index built
+        before indexes recorded it."""
+        meta = payload[0]
+        if 'max_norm' in meta:
+            return meta['max_norm']
+        if meta['build_id'] not in self._max_norm:
+            self._max_norm[meta['build_id']] = max_vector_norm(payload[1])
+        return self._max_norm[meta['build_id']]
 
     def ann_hits(self, vectors: np.ndarray, k: int, *, kind: str, quantizer: Optional[str], search_effort: int,
                  device: str, verbose: bool = False):
