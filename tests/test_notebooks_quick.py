@@ -74,7 +74,7 @@ def test_amer(run_quick):
     measures = ['MRecall@5', 'MRecall@10', 'alpha_nDCG@10']
     assert shapes == {
         'by quartile': [quartiles, ['MRecall@10', 'questions', 'mean target distance']],
-        'curve': [['0', '1', '2'], ['loss', 'round_robin', 'score_sum', 'rrf']],
+        'curve': [['0', '1', '2'], ['loss', 'round_robin']],  # the main job's schedule: round-robin merging only
         'means': [[f'{m} ({s})' for s in subsets for m in measures], ['MiniLM', 'AMER']],
         'tests': [[str((m, s)) for s in subsets for m in measures],
                   ['system', 'baseline', *BOOTSTRAP]],
@@ -91,7 +91,8 @@ def test_jpr(run_quick):
     assert plots(notebook) == 1
     systems = ['MiniLM', 'IndepPR', 'JPR']
     assert shapes == {
-        'kept': [['epoch kept', 'dev at epoch 0', 'best dev'], ['JPR', 'IndepPR']],
+        'kept': [['epoch kept', 'departure weight kept', 'dev at epoch 0', 'dev at the epoch kept', 'best dev'],
+                 ['JPR', 'IndepPR']],
         'means': [systems, [f'{m} ({s})' for s in ('all', '> 1 answer') for m in ('MRecall@5', 'AnswerRecall@5')]],
         'tests': [[str((system, m, s)) for system in systems[1:] for s in ('all', '> 1 answer')
                    for m in ('MRecall@5', 'AnswerRecall@5')], ['baseline', *BOOTSTRAP]],
