@@ -104,16 +104,16 @@ def test_screening_skips_the_documents_it_rules_out(tmp_path, monkeypatch):
     docs, queries = clustered_collection(2000, dim=64, topics=200, query_count=20)
     index = MultiVectorIndex(tmp_path / 'index', verbose=False).index(docs)
     pairs = []
-    scored = exact.ScreenedBatch._exact
+    scored = exact.score_documents
 
-    def counting(self, rows, columns, block, block_offsets):
-        pairs.append(len(rows))
-        return scored(self, rows, columns, block, block_offsets)
+    def counting(query, docids, vectors, offsets, aggregate):
+        pairs.append(len(docids))
+        return scored(query, docids, vectors, offsets, aggregate)
 
-    monkeypatch.setattr(exact.ScreenedBatch, '_exact', counting)
+    monkeypatch.setattr(exact, 'score_documents', counting)
     index.maxsim_retriever(num_results=10, block_vectors=4000)(
         pd.DataFrame({'qid': [f'q{i}' for i in range(len(queries))], 'query_embs': queries}))
-    # 4 blocks of 500 documents: at least the top 10 of each, a small part of the 40,000 (query, document) pairs
+    # each query's top 10 at least, and a small part of the 40,000 (query, document) pairs
     assert 20 * 10 <= sum(pairs) < 40_000 // 10
 
 
@@ -146,3 +146,13 @@ def test_a_malformed_max_norm_is_refused(tmp_path, value):
     meta_file.write_text(json.dumps(meta))
     with pytest.raises(CorruptIndexError, match='max_norm must be a non-negative number'):
         MultiVectorIndex(index.path, verbose=False).payload()
+
+
+def test_pruning_the_candidates_as_the_floor_rises_keeps_the_results(tmp_path, screening, monkeypatch):
+    docs, queries = near_tie_collection(np.random.default_rng(6), 300, 16, ragged=True)
+    index = MultiVectorIndex(tmp_path / 'index', verbose=False).index(docs)
+    topics = pd.DataFrame({'qid': [f'q{i}' for i in range(len(queries))], 'query_embs': queries})
+    expected = index.maxsim_retriever(num_results=15, block_vectors=50)(topics)
+    monkeypatch.setattr(exact.ScreenedBatch, 'PRUNE_AT', 5)  # pruned after every block
+    pd.testing.assert_frame_equal(index.maxsim_retriever(num_results=15, block_vectors=50)(topics), expected,
+                                  check_exact=True)

@@ -3,10 +3,11 @@ bounded, then float64 scores for the documents the bound cannot rule out.
 
 The screening multiplies in bfloat16 where the device does that faster than float32 (timed once), else in float32,
 with the documents' vectors as rows, so that each document's maximum is an elementwise maximum of consecutive rows.
-Its scores differ from the exact ones by at most :func:`screening_error` of each query, so a document whose screened
-score falls short of the current ``k``-th exact score by more than that cannot enter the top ``k`` and is skipped;
-the others get float64 scores (rounded to float32), so that a query's ranking and scores are the exact ones, whatever
-the queries batched with it.
+Its scores differ from the exact ones by at most :func:`screening_error` of each query (``E``), so once every
+document is screened, one whose screened score is below the ``k``-th screened score less ``2E`` cannot be in the
+top ``k`` (``k`` documents have exact scores above the ``k``-th screened less ``E``, and its own is below that). The
+others, about ``k`` a query, get float64 scores (rounded to float32), so that a query's ranking and scores are the
+exact ones, whatever the queries batched with it.
 """
 import functools
 import time
@@ -16,7 +17,7 @@ import numpy as np
 import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
-from pyterrier_multiquery.index.maxsim import aligned, document_blocks
+from pyterrier_multiquery.index.maxsim import aligned, document_blocks, score_documents
 
 with requires('dense'):
     import torch
@@ -87,11 +88,15 @@ def max_vector_norm(vectors, chunk: int = 1 << 16) -> float:
 
 
 class ScreenedBatch:
-    """A batch of queries' running exact top ``k``, fed the blocks of an index's documents in order."""
+    """The screening of a batch of queries over the blocks of an index's documents, fed in order: the running
+    ``k``-th screened score of each query and the documents within ``2E`` of it (:meth:`candidates`)."""
+
+    #: Candidates kept over all the batch's queries before those that fell below the risen floor are dropped.
+    PRUNE_AT = 1 << 22
 
     def __init__(self, queries: List[np.ndarray], *, k: int, aggregate: str, max_norm: float, device: str,
                  dtype: 'torch.dtype'):
-        self.k, self.aggregate, self.device, self.dtype = k, aggregate, device, dtype
+        self.k, self.device, self.dtype = k, device, dtype
         lengths = np.array([len(q) for q in queries])
         stacked = np.concatenate(queries)
         self.vector_count = len(stacked)
@@ -100,15 +105,11 @@ class ScreenedBatch:
         weights[np.arange(len(stacked)), np.repeat(np.arange(len(queries)), lengths)] = \
             1 / np.repeat(lengths, lengths) if aggregate == 'mean' else 1
         self.weights = torch.from_numpy(weights).to(device)
-        padded = np.zeros((len(queries), lengths.max(), stacked.shape[1]))  # zero rows: a max of 0, adding nothing
-        padded[np.repeat(np.arange(len(queries)), lengths), np.arange(len(stacked)) -
-               np.repeat(np.cumsum(lengths) - lengths, lengths)] = stacked
-        self.exact_vectors = torch.from_numpy(padded).to(device)
-        self.lengths = torch.from_numpy(lengths).to(device)
         self.error = torch.tensor([screening_error(q, max_norm, dtype, aggregate) for q in queries],
                                   dtype=torch.float64, device=device)
-        self.best_scores = torch.empty((len(queries), 0), device=device)
-        self.best_docids = torch.empty((len(queries), 0), dtype=torch.long, device=device)
+        self.top = torch.empty((len(queries), 0), device=device)  # the k best screened scores so far
+        self.pool = []  # (query rows, docids, screened scores) of the documents not ruled out when screened
+        self.pooled = 0
 
     def screen(self, block, block_offsets: np.ndarray, tile_vectors: int):
         """Screened ``(queries, documents)`` scores of a block of documents (``block``: their vectors in the stored
@@ -131,76 +132,39 @@ class ScreenedBatch:
             maxima.scatter_reduce_(0, owner[:, None].expand(-1, sims.shape[1]), sims, 'amax')
         return maxima.float() @ self.weights
 
-    def add(self, screened, block, block_offsets: np.ndarray, first: int, check=None, first_query: int = 0) -> None:
-        """Merges the documents ``first, first + 1, ...`` of a block (after all those already added) into each
-        query's top ``k``: exact scores for those whose screened score leaves them a chance, as :mod:`this module
-        <pyterrier_multiquery.index.exact>` says.
+    def add(self, screened, first: int) -> None:
+        """Takes the screened scores of the documents ``first, first + 1, ...`` (after all those already added):
+        raises each query's ``k``-th screened score and keeps the documents at or above its :meth:`floor`."""
+        self.top = torch.cat([self.top, screened], dim=1)
+        self.top = self.top.topk(min(self.k, self.top.shape[1]), dim=1).values
+        rows, columns = torch.nonzero(screened.double() >= self.floor()[:, None], as_tuple=True)
+        self.pool.append((rows, columns + first, screened[rows, columns]))
+        self.pooled += len(rows)
+        if self.pooled > self.PRUNE_AT:  # the floor has risen since the first blocks: drop what fell below it
+            self.pool = [self._pooled()]
+            self.pooled = len(self.pool[0][0])
 
-        Args:
-            screened: Their screened scores (:meth:`screen`).
-            block: Their vectors.
-            block_offsets: Where each document's vectors start in ``block``, from 0, and where the last ends.
-            first: The docid of the block's first document.
-            check: Given the exact scores of the documents scored, as ``check(scores, docids, first_query)``.
-            first_query: The position of the batch's first query, for ``check``.
-        """
-        count, docs = screened.shape
-        error = self.error
-        kth = self.best_scores[:, self.k - 1].double() if self.best_scores.shape[1] >= self.k else \
-            torch.full((count,), -torch.inf, dtype=torch.float64, device=self.device)
-        # a document above the exact k-th score by less than the error may still be below it: skipped where the
-        # screened score plus the error stays under it, or under the block's own k-th screened score less the error
-        # (k documents of the block score above that); a float32 ulp of slack for the rounding of the exact scores
-        floor = kth - error
-        if docs >= self.k:
-            floor = torch.maximum(floor, screened.topk(self.k, dim=1).values[:, -1].double() - 2 * error)
-        floor = floor - 2.0 ** -21 * floor.abs()
-        rows, columns = torch.nonzero(screened.double() >= floor[:, None], as_tuple=True)
-        if len(rows) == 0:
-            return
-        exact = self._exact(rows, columns, block, block_offsets)
-        if check is not None and not bool(torch.isfinite(exact).all()):
-            full = torch.zeros((count, docs), device=self.device)
-            full[rows, columns] = exact
-            check(full, np.arange(first, first + docs), first_query)
-        width = int(torch.bincount(rows, minlength=count).max())
-        position = torch.arange(len(rows), device=self.device) - \
-            (torch.cumsum(torch.bincount(rows, minlength=count), 0) - torch.bincount(rows, minlength=count))[rows]
-        scores = torch.full((count, width), -torch.inf, device=self.device)
-        docids = torch.full((count, width), -1, dtype=torch.long, device=self.device)
-        scores[rows, position] = exact
-        docids[rows, position] = columns + first
-        merged, order = torch.cat([self.best_scores, scores], dim=1).sort(dim=1, descending=True, stable=True)
-        self.best_scores = merged[:, :self.k]
-        self.best_docids = torch.cat([self.best_docids, docids], dim=1).gather(1, order[:, :self.k])
+    def floor(self):
+        """Each query's lowest screened score that may still belong to its top ``k``: its ``k``-th screened score so
+        far (-inf before ``k`` documents) less twice its error, less a float32 ulp of slack for the rounding of the
+        exact scores to float32 (``(queries,)`` float64)."""
+        kth = self.top[:, self.k - 1].double() if self.top.shape[1] >= self.k else \
+            torch.full((len(self.top),), -torch.inf, dtype=torch.float64, device=self.device)
+        floor = kth - 2 * self.error
+        return floor - 2.0 ** -21 * floor.abs()
 
-    def _exact(self, rows, columns, block, block_offsets: np.ndarray):
-        """float64 MaxSim, rounded to float32, of the (query row, block document) pairs, in chunks of pairs whose
-        gathered vectors take at most 64 MiB; each document's rows padded to the widest by its last row (a repeat
-        leaves the maximum as it is)."""
-        lengths = np.diff(block_offsets)
-        columns_np = columns.cpu().numpy()
-        widest = int(lengths[columns_np].max())
-        dim, most = block.shape[1], self.exact_vectors.shape[1]
-        step = max(1, (64 << 20) // (8 * (widest * dim + most * dim + most * widest)))
-        out = []
-        for start in range(0, len(rows), step):
-            docs = columns_np[start:start + step]
-            vector_rows = np.minimum(block_offsets[docs][:, None] + np.arange(widest),
-                                     block_offsets[docs + 1][:, None] - 1)
-            vectors = block[torch.from_numpy(vector_rows.reshape(-1)).to(block.device)].double()
-            vectors = vectors.view(len(docs), widest, dim)
-            pair_rows = rows[start:start + step]
-            sims = torch.bmm(self.exact_vectors[pair_rows], vectors.transpose(1, 2))  # (pairs, query vectors, widest)
-            scores = sims.amax(dim=2).sum(dim=1)
-            if self.aggregate == 'mean':
-                scores = scores / self.lengths[pair_rows]
-            out.append(scores.float())
-        return torch.cat(out)
+    def _pooled(self):
+        """The pooled documents at or above the current floor, as one ``(rows, docids, scores)``."""
+        rows, docids, scores = (torch.cat(parts) for parts in zip(*self.pool))
+        keep = scores.double() >= self.floor()[rows]
+        return rows[keep], docids[keep], scores[keep]
 
-    def top(self):
-        """Each query's top ``k`` so far, ``(scores, docids)`` as arrays, by score, ties by docid."""
-        return self.best_scores.cpu().numpy(), self.best_docids.cpu().numpy()
+    def candidates(self) -> List[np.ndarray]:
+        """Each query's documents that may belong to its top ``k``, ascending (all documents screened)."""
+        rows, docids, _ = self._pooled()
+        rows, docids = rows.cpu().numpy(), docids.cpu().numpy()
+        order = np.lexsort((docids, rows))
+        return np.split(docids[order], np.searchsorted(rows[order], np.arange(1, len(self.top))))
 
 
 def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_results: int, aggregate: str,
@@ -208,9 +172,10 @@ def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_re
               label: Optional[str] = None, check=None):
     """Each query's top documents of an index (or one shard) by exact MaxSim over all its documents.
 
-    The stored vectors are read in blocks of about ``block_vectors`` (each block once, for all the queries),
-    screened in tiles of about ``tile_bytes`` and merged into each batch's running top (:class:`ScreenedBatch`);
-    ``check`` is given the exact scores computed.
+    The stored vectors are read in blocks of about ``block_vectors`` (each block once, for all the queries) and
+    screened in tiles of about ``tile_bytes`` (:class:`ScreenedBatch`); then each query's candidates are scored in
+    float64. ``check`` is given the screened scores of a block that are not all finite, and each query's exact
+    scores.
 
     Args:
         max_norm: The largest norm of the stored vectors (the index's ``max_norm``); None computes it.
@@ -237,6 +202,16 @@ def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_re
             screened = batch.screen(block, block_offsets, tile_vectors[i])
             if check is not None and not bool(torch.isfinite(screened).all()):
                 check(screened, np.arange(first, last), i * batch_size)
-            batch.add(screened, block, block_offsets, first, check, i * batch_size)
-    return [batch.top() for batch in batches]
-
+            batch.add(screened, first)
+    results = []
+    for i, batch in enumerate(batches):
+        tops = []
+        for j, docids in enumerate(batch.candidates()):
+            position = i * batch_size + j
+            scores = score_documents(aligned(queries[position]).to(device), docids, vectors, offsets, aggregate)
+            if check is not None:
+                check(scores[None], docids, position)
+            order = np.lexsort((docids, -scores))[:num_results]
+            tops.append((scores[order], docids[order]))
+        results.append(tuple(np.stack(parts) for parts in zip(*tops)))
+    return results

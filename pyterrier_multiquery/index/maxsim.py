@@ -31,14 +31,14 @@ def maxsim_scores(query, doc_vectors, doc_lengths, aggregate: str):
     """
     queries = query if isinstance(query, list) else [query]
     stacked = torch.cat(queries).double()
-    sims = stacked @ doc_vectors.double().T
+    sims = doc_vectors.double() @ stacked.T  # documents as rows: a document's maximum is over consecutive rows
     doc_count = len(doc_lengths)
     if doc_count and bool((doc_lengths == doc_lengths[0]).all()):  # equal lengths: a plain reshape
-        per_doc = sims.view(len(stacked), doc_count, -1).amax(dim=2)
+        per_doc = sims.view(doc_count, -1, len(stacked)).amax(dim=1).T
     else:
         doc_of_vector = torch.repeat_interleave(torch.arange(doc_count, device=sims.device), doc_lengths)
-        per_doc = torch.full((len(stacked), doc_count), -torch.inf, device=sims.device, dtype=sims.dtype)
-        per_doc.scatter_reduce_(1, doc_of_vector.expand(len(stacked), -1), sims, reduce='amax')
+        per_doc = torch.full((doc_count, len(stacked)), -torch.inf, device=sims.device, dtype=sims.dtype)
+        per_doc = per_doc.scatter_reduce_(0, doc_of_vector[:, None].expand(-1, len(stacked)), sims, reduce='amax').T
     query_lengths = torch.tensor([len(q) for q in queries], device=sims.device)
     query_of_row = torch.repeat_interleave(torch.arange(len(queries), device=sims.device), query_lengths)
     scores = torch.zeros((len(queries), doc_count), device=sims.device, dtype=sims.dtype)
@@ -263,7 +263,7 @@ def score_documents(query, docids: np.ndarray, vectors, offsets: np.ndarray, agg
     """Exact MaxSim of one query (a ``(Q, d)`` tensor) against the given documents of an index's vectors."""
     lengths = offsets[docids + 1] - offsets[docids]
     rows = np.repeat(offsets[docids] - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
-    doc_vectors = aligned(vectors[rows]).float().to(query.device)
+    doc_vectors = aligned(vectors[rows]).to(query.device).double()
     return maxsim_scores(query, doc_vectors, torch.from_numpy(lengths).to(query.device), aggregate)[0].cpu().numpy()
 
 
