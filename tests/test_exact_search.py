@@ -156,3 +156,12 @@ def test_pruning_the_candidates_as_the_floor_rises_keeps_the_results(tmp_path, s
     monkeypatch.setattr(exact.ScreenedBatch, 'PRUNE_AT', 5)  # pruned after every block
     pd.testing.assert_frame_equal(index.maxsim_retriever(num_results=15, block_vectors=50)(topics), expected,
                                   check_exact=True)
+
+
+def test_a_screened_sum_that_overflows_is_scored_exactly(tmp_path, screening):
+    # 2 * 3e38 overflows float32 in the screening; the float64 MaxSim, (6e38 + 0) / 2, is within float32's range
+    docs = [{'docno': 'big', 'doc_embs': [[3e38, 0.], [0., 1.]]}, {'docno': 'small', 'doc_embs': [[1., 1.]]}]
+    index = MultiVectorIndex(tmp_path / 'index', verbose=False).index(docs)
+    out = index.maxsim_retriever(num_results=2)(pd.DataFrame({'qid': ['q'], 'query_embs': [[[2., 0.], [0., 0.]]]}))
+    assert out['docno'].tolist() == ['big', 'small']
+    assert out['score'].tolist() == [np.float32(3e38), 1.0]

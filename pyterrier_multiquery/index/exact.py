@@ -134,9 +134,12 @@ class ScreenedBatch:
 
     def add(self, screened, first: int) -> None:
         """Takes the screened scores of the documents ``first, first + 1, ...`` (after all those already added):
-        raises each query's ``k``-th screened score and keeps the documents at or above its :meth:`floor`."""
-        self.top = torch.cat([self.top, screened], dim=1)
+        raises each query's ``k``-th screened score and keeps the documents at or above its :meth:`floor`, and
+        those whose screened score is not finite (a float32 sum that overflowed: their exact scores decide)."""
+        unknown = ~torch.isfinite(screened)
+        self.top = torch.cat([self.top, screened.masked_fill(unknown, -torch.inf)], dim=1)
         self.top = self.top.topk(min(self.k, self.top.shape[1]), dim=1).values
+        screened = screened.masked_fill(unknown, torch.inf)
         rows, columns = torch.nonzero(screened.double() >= self.floor()[:, None], as_tuple=True)
         self.pool.append((rows, columns + first, screened[rows, columns]))
         self.pooled += len(rows)
@@ -174,8 +177,8 @@ def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_re
 
     The stored vectors are read in blocks of about ``block_vectors`` (each block once, for all the queries) and
     screened in tiles of about ``tile_bytes`` (:class:`ScreenedBatch`); then each query's candidates are scored in
-    float64. ``check`` is given the screened scores of a block that are not all finite, and each query's exact
-    scores.
+    float64. ``check`` (a :class:`~.maxsim.ScoreCheck`) checks the stored vectors of the documents whose screened
+    scores are not finite, and each query's exact scores.
 
     Args:
         max_norm: The largest norm of the stored vectors (the index's ``max_norm``); None computes it.
@@ -200,8 +203,8 @@ def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_re
         block = aligned(vectors[offsets[first]:offsets[last]]).to(device)  # the stored dtype
         for i, batch in enumerate(batches):
             screened = batch.screen(block, block_offsets, tile_vectors[i])
-            if check is not None and not bool(torch.isfinite(screened).all()):
-                check(screened, np.arange(first, last), i * batch_size)
+            if check is not None and not bool(torch.isfinite(screened).all()):  # a damaged document, or an overflow
+                check.stored_vectors(first + np.unique(np.nonzero(~torch.isfinite(screened).cpu().numpy())[1]))
             batch.add(screened, first)
     results = []
     for i, batch in enumerate(batches):

@@ -249,14 +249,22 @@ class ScoreCheck:
         finite = finite.cpu().numpy() if isinstance(finite, torch.Tensor) else finite
         row, column = (int(i) for i in np.argwhere(~finite)[0])
         docid = int(docids[row, column] if np.ndim(docids) == 2 else docids[column])
-        _, vectors, offsets, docnos = self.payload
-        docno = str(docnos.fwd[docid])
-        if not np.isfinite(np.asarray(vectors[offsets[docid]:offsets[docid + 1]], dtype=np.float32)).all():
-            raise CorruptIndexError(f'document {docno!r} has non-finite values (NaN or inf) in its stored vectors: '
-                                    f'the index at {str(self.path)!r} is damaged; rebuild it')
+        self.stored_vectors([docid])
+        docno = str(self.payload[3].fwd[docid])
         raise ValueError(f'query {self.qids[first_query + row]!r}: its MaxSim score against document {docno!r} is '
                          f'{float(scores[row, column])} (float32 overflows): the query\'s or the document\'s vectors '
                          f'are too large (scale its query_embs down; index.verify() checks the stored vectors)')
+
+
+    def stored_vectors(self, docids) -> None:
+        """Raises :class:`CorruptIndexError` naming the first of the documents whose stored vectors are not all
+        finite (a damaged index)."""
+        _, vectors, offsets, docnos = self.payload
+        for docid in docids:
+            if not np.isfinite(np.asarray(vectors[offsets[docid]:offsets[docid + 1]], dtype=np.float32)).all():
+                raise CorruptIndexError(f'document {str(docnos.fwd[int(docid)])!r} has non-finite values (NaN or '
+                                        f'inf) in its stored vectors: the index at {str(self.path)!r} is damaged; '
+                                        'rebuild it')
 
 
 def score_documents(query, docids: np.ndarray, vectors, offsets: np.ndarray, aggregate: str) -> np.ndarray:

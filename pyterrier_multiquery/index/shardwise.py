@@ -124,7 +124,7 @@ class ShardSearcher:
             pairs = pt.tqdm(pairs, total=len(queries), desc=label, unit='q')
         out = []
         for position, (query, names) in enumerate(pairs):
-            docids = np.asarray(lookup.inv[names], dtype=np.int64)
+            docids = np.asarray(lookup.inv[names], dtype=np.int64) if len(names) else np.zeros(0, dtype=np.int64)
             held = docids >= 0
             scores = np.zeros(int(held.sum()), dtype=np.float32)  # left as they are for a malformed query
             if query is not None and held.any():
