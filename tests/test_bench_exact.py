@@ -46,4 +46,8 @@ def test_a_tiny_run_writes_the_report(bench, tmp_path, monkeypatch):
     assert [r['documents'] for r in rows] == [200, 200] and rows[1]['dims'] == 96
     assert all(r['recall@10 index vs einsum'] == 1.0 and r['index / einsum'] > 0 for r in rows)
     assert np.isclose(rows[0]['index % of fp32 peak'], rows[0]['index exact GFLOP/s'])  # a peak of 100 GFLOP/s
+    for row in rows:   # nothing tuned: the calibrated count, or exact search where that is faster
+        assert row['approx candidates'] == 'exact' or row['approx candidates'] in (16, 32, 64, 128, 256, 512)
+        assert row['recall@10 approx vs exact'] == 1.0 if row['approx candidates'] == 'exact' else \
+            row['recall@10 approx vs exact'] >= 0.9
     assert out.with_suffix('.png').exists()

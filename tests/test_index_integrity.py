@@ -122,7 +122,7 @@ def built(tmp_path):
     """An index of ``tagged(1)`` with its flat FAISS stage, and a query frame."""
     index = MultiVectorIndex(tmp_path / 'index', verbose=False).index(tagged(1))
     queries = pd.DataFrame({'qid': ['q0'], 'query': 'x', 'query_embs': [np.ones((2, DIM), dtype=np.float32)]})
-    index.maxsim_retriever(exact=False, ann='flat')(queries)
+    index.maxsim_retriever(exact=False, ann='flat', candidates=4)(queries)
     return index, queries
 
 
@@ -170,7 +170,7 @@ def test_a_damaged_faiss_file_is_refused(built):
     with pytest.raises(CorruptIndexError, match=r"ann\.Flat\.faiss"):
         reopened.verify()
     with pytest.raises(CorruptIndexError, match=r"ann\.Flat\.faiss"):
-        reopened.maxsim_retriever(exact=False, ann='flat')(queries)
+        reopened.maxsim_retriever(exact=False, ann='flat', candidates=4)(queries)
 
 
 def test_a_faiss_file_of_another_index_is_refused(built, tmp_path):
@@ -178,7 +178,7 @@ def test_a_faiss_file_of_another_index_is_refused(built, tmp_path):
     other = MultiVectorIndex(tmp_path / 'other', verbose=False).index(tagged(2))
     (other.path / 'ann.Flat.faiss').write_bytes((index.path / 'ann.Flat.faiss').read_bytes())
     with pytest.raises(CorruptIndexError, match=r"ann\.Flat\.faiss.* another build"):
-        other.maxsim_retriever(exact=False, ann='flat')(queries)
+        other.maxsim_retriever(exact=False, ann='flat', candidates=4)(queries)
     with pytest.raises(CorruptIndexError, match=r"ann\.Flat\.faiss.* another build"):
         other.verify()
 

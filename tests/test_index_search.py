@@ -167,7 +167,7 @@ def test_threads_are_set_for_torch_and_faiss_and_restored(data, monkeypatch):
         # (1, 3) where torch and FAISS have OpenMP runtimes of their own, (3, 3) where they share one (which
         # depends on the libraries loaded before them)
         state = (torch.get_num_threads(), faiss.omp_get_max_threads())
-        retriever = indexes['float32'].maxsim_retriever(exact=False, ann='flat', batch_size=2, threads=2)
+        retriever = indexes['float32'].maxsim_retriever(exact=False, ann='flat', candidates=16, batch_size=2, threads=2)
         retriever(topics(queries))
         # one FAISS search for all the queries' vectors, whatever the batch size, on the threads asked for
         assert seen == [(sum(len(q) for q in queries), 2, 2)]

@@ -97,14 +97,17 @@ class SearchableIndex(DerivedIdentity):
         return RayIndex(self, num_actors=num_actors, address=address, **kwargs)
 
     def verify(self) -> None:
-        """Checks every file of the index against its checksum, reading all of them: the vectors and the FAISS
-        files too, which opening the index does not read.
+        """Checks every file of the index against its checksum, reading all of them: the vectors, the FAISS files
+        and the calibrations of the approximate search too, which opening the index does not read.
 
         Raises:
             FileNotFoundError: If no finished index is at ``path``, or a file is missing.
             CorruptIndexError: Naming the first file that changed since it was written.
         """
         from pyterrier_multiquery.index.ann import check_ann_file
+        from pyterrier_multiquery.index.calibration import read_calibration_file
+        for calibration in sorted(self.path.glob('calibration.*.json')):
+            read_calibration_file(calibration)
         for shard in self.shards():
             meta = shard.payload()[0]
             vectors = _DTYPES[meta['dtype']][0]

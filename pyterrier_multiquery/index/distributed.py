@@ -154,6 +154,10 @@ class RayIndex:
         from pyterrier_multiquery.index.multiquery import MultiQueryRetriever
         return MultiQueryRetriever(self, merge=merge, **kwargs)
 
+    def payload(self):
+        """The index's ``(meta, vectors, offsets, docnos)`` in this process (as :meth:`MultiVectorIndex.payload`)."""
+        return self.index.payload()
+
     def searchers(self) -> 'RayIndex':
         """The shards' searchers: the actors, through :meth:`map`."""
         return self

@@ -177,7 +177,7 @@ def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_re
 
     The stored vectors are read in blocks of about ``block_vectors`` (each block once, for all the queries) and
     screened in tiles of about ``tile_bytes`` (:class:`ScreenedBatch`); then each query's candidates are scored in
-    float64. ``check`` (a :class:`~.maxsim.ScoreCheck`) checks the stored vectors of the documents whose screened
+    float64. ``check`` (a :class:`~.checks.ScoreCheck`) checks the stored vectors of the documents whose screened
     scores are not finite, and each query's exact scores.
 
     Args:

@@ -8,7 +8,7 @@ import pyterrier as pt
 from pyterrier_multiquery._device import check_threads, cpu_threads, resolve_device
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff
-from pyterrier_multiquery.index.errors import CorruptIndexError
+from pyterrier_multiquery.index.checks import ScoreCheck
 
 with requires('dense'):
     import torch
@@ -56,18 +56,20 @@ class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
     ``exact=False`` each query vector first takes its ``candidates`` nearest stored vectors from a FAISS index
     (``ann``: flat, ivf or hnsw, storing ``quantizer`` codes; built once and cached in the index folder; one
     search for all the queries of a frame), and exact MaxSim is computed over their documents only, for as many
-    queries at once as ``batch_size`` and ``tile_bytes`` allow. Ties are broken by the documents' order in the
-    index. Scoring runs in torch on ``device`` (CUDA when available), FAISS search on the GPU when FAISS has GPU
-    support; the CPU gives the same rankings. On the CPU, torch and FAISS both use ``threads`` threads during a
-    search.
+    queries at once as ``batch_size`` and ``tile_bytes`` allow. By default the index calibrates the candidate
+    count itself (:func:`~.calibration.calibrated`: recall@10 of at least 0.99 against exact search on sampled
+    documents, measured once per build and setting) and searches exactly where that is faster. Ties are broken by
+    the documents' order in the index. Scoring runs in torch on ``device`` (CUDA when available), FAISS search on
+    the GPU when FAISS has GPU support; the CPU gives the same rankings. On the CPU, torch and FAISS both use
+    ``threads`` threads during a search.
     """
     schematic = {'label': 'MaxSim'}
 
     def __init__(self, index, *, num_results: int = 1000, aggregate: str = 'mean', exact: bool = True,
-                 ann: str = 'ivf', quantizer: Optional[str] = None, candidates: int = 256, search_effort: int = 32,
-                 device: Optional[str] = None, batch_size: int = 64, block_vectors: int = 65536,
-                 tile_bytes: Optional[int] = None, threads: Optional[int] = None, drop_query_embs: bool = False,
-                 verbose: bool = False):
+                 ann: str = 'ivf', quantizer: Optional[str] = None, candidates: Optional[int] = None,
+                 search_effort: int = 32, device: Optional[str] = None, batch_size: int = 64,
+                 block_vectors: int = 65536, tile_bytes: Optional[int] = None, threads: Optional[int] = None,
+                 drop_query_embs: bool = False, verbose: bool = False):
         """
         Args:
             index: The :class:`MultiVectorIndex` (or :class:`ShardedMultiVectorIndex`) to search.
@@ -77,8 +79,8 @@ class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
             ann: FAISS index kind for the candidates: ``flat``, ``ivf`` or ``hnsw``.
             quantizer: FAISS storage of the ANN stage: ``Flat`` (float32), ``SQ8``, ``SQ4``, ``SQfp16`` or
                 ``PQ<m>``; None for the kind's default (``SQ8`` for ivf, ``Flat`` for flat and hnsw).
-            candidates: Stored vectors fetched per query vector by the ANN stage (raise it with the collection's
-                size: see docs/index.md's measurements).
+            candidates: Stored vectors fetched per query vector by the ANN stage; None (the default) for the
+                count the index's self-test calibrates (exact search where that is faster).
             search_effort: IVF lists probed (``nprobe``) or HNSW ``efSearch``.
             device: torch device for scoring (default: CUDA if available, else CPU).
             batch_size: Queries scored together.
@@ -93,7 +95,7 @@ class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
         from pyterrier_multiquery.index.ann import ann_storage
         if aggregate not in AGGREGATES:
             raise ValueError(f'aggregate must be one of {AGGREGATES}, got {aggregate!r}')
-        if num_results < 1 or candidates < 1:
+        if num_results < 1 or (candidates is not None and candidates < 1):
             raise ValueError(f'num_results and candidates must be positive, got {num_results} and {candidates}')
         self.index = index
         self.num_results = num_results
@@ -136,9 +138,15 @@ class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
         """The ANN candidates of every query vector over all shards (one search for all the queries), then exact
         MaxSim of each query's candidate documents by the shards that hold them, merged batch by batch."""
         from pyterrier_multiquery.index.ann import merge_hits
-        hits = merge_hits(shards.map('ann_hits', np.concatenate(queries), self.candidates, kind=self.ann,
+        candidates = self.candidates
+        if candidates is None:
+            from pyterrier_multiquery.index.calibration import calibrated
+            candidates = calibrated(self).candidates
+            if candidates is None:
+                return self._search_exact(queries, shards, qids)
+        hits = merge_hits(shards.map('ann_hits', np.concatenate(queries), candidates, kind=self.ann,
                                      quantizer=self.quantizer, search_effort=self.search_effort, device=self.device,
-                                     verbose=self.verbose), self.candidates)[1]
+                                     verbose=self.verbose), candidates)[1]
         vector_counts = np.array([len(q) for q in queries])
         first_rows = np.cumsum(vector_counts) - vector_counts
         batches = []
@@ -218,53 +226,6 @@ class MaxSimScorer(DerivedIdentity, NumResultsCutoff, pt.Transformer):
         if self.num_results is not None:
             out = out[out['rank'] < self.num_results].reset_index(drop=True)
         return out
-
-
-class ScoreCheck:
-    """Raises where a score is not finite: naming the document when its stored vectors are not (a damaged index),
-    else the query, whose vectors overflow float32 against the document's."""
-
-    def __init__(self, qids: list, payload, path):
-        """
-        Args:
-            qids: The qids of the queries, in the order of the score rows' queries.
-            payload: ``payload()`` of the index (or shard) whose documents are scored.
-            path: Its folder, for messages.
-        """
-        self.qids = qids
-        self.payload = payload
-        self.path = path
-
-    def __call__(self, scores, docids: np.ndarray, first_query: int) -> None:
-        """Checks ``(queries, documents)`` scores of the queries from ``first_query`` on.
-
-        Args:
-            scores: The scores (a tensor or an array).
-            docids: The documents of the columns, or of each score (an array of the scores' shape).
-            first_query: The position in ``qids`` of the first row's query.
-        """
-        finite = torch.isfinite(scores) if isinstance(scores, torch.Tensor) else np.isfinite(scores)
-        if bool(finite.all()):
-            return
-        finite = finite.cpu().numpy() if isinstance(finite, torch.Tensor) else finite
-        row, column = (int(i) for i in np.argwhere(~finite)[0])
-        docid = int(docids[row, column] if np.ndim(docids) == 2 else docids[column])
-        self.stored_vectors([docid])
-        docno = str(self.payload[3].fwd[docid])
-        raise ValueError(f'query {self.qids[first_query + row]!r}: its MaxSim score against document {docno!r} is '
-                         f'{float(scores[row, column])} (float32 overflows): the query\'s or the document\'s vectors '
-                         f'are too large (scale its query_embs down; index.verify() checks the stored vectors)')
-
-
-    def stored_vectors(self, docids) -> None:
-        """Raises :class:`CorruptIndexError` naming the first of the documents whose stored vectors are not all
-        finite (a damaged index)."""
-        _, vectors, offsets, docnos = self.payload
-        for docid in docids:
-            if not np.isfinite(np.asarray(vectors[offsets[docid]:offsets[docid + 1]], dtype=np.float32)).all():
-                raise CorruptIndexError(f'document {str(docnos.fwd[int(docid)])!r} has non-finite values (NaN or '
-                                        f'inf) in its stored vectors: the index at {str(self.path)!r} is damaged; '
-                                        'rebuild it')
 
 
 def score_documents(query, docids: np.ndarray, vectors, offsets: np.ndarray, aggregate: str) -> np.ndarray:

@@ -12,7 +12,8 @@ import pyterrier as pt
 
 from pyterrier_multiquery.index.errors import CorruptIndexError
 from pyterrier_multiquery.index.exact import exact_top, max_vector_norm
-from pyterrier_multiquery.index.maxsim import ScoreCheck, aligned, rescore_candidates, score_documents
+from pyterrier_multiquery.index.checks import ScoreCheck
+from pyterrier_multiquery.index.maxsim import aligned, rescore_candidates, score_documents
 
 
 class ShardSearcher:

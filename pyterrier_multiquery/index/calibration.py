@@ -1,0 +1,165 @@
+"""The approximate search's candidate count, measured on the index itself: a self-test on sampled documents.
+
+An ANN stage needs more candidates per query vector as a collection grows and as its vectors crowd together, and
+past some count exact search is the cheaper way to the same top 10. :func:`calibrated` finds, once per index build
+and ANN setting, the smallest candidate count whose recall@10 against exact search reaches
+:data:`TARGET_RECALL` on documents of the index used as queries (each document's own vectors, itself excluded from
+both rankings), and whether it is faster than exact search there; it keeps the answer in the index folder.
+"""
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from pyterrier_multiquery._files import building
+from pyterrier_multiquery.index.errors import CorruptIndexError
+
+#: Recall@10 against exact search that the chosen candidate count must reach on the sampled documents.
+TARGET_RECALL = 0.99
+#: Documents used as queries by the self-test.
+SAMPLE_DOCUMENTS = 64
+#: Candidate counts tried, in this order, until one reaches :data:`TARGET_RECALL`.
+CANDIDATE_COUNTS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+#: Timed repeats of the exact and the approximate search at the chosen count (interleaved; medians compared).
+REPEATS = 3
+#: Bumped when the self-test changes, so that calibrations made by an older one are redone.
+VERSION = 1
+TOP = 10
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the self-test found for one index build and ANN setting.
+
+    Attributes:
+        candidates: The candidate count to search with; None where exact search is the faster way (or no count
+            tried reached the target recall).
+        recall: Recall@10 of the last count tried, on the sampled documents.
+        approx_s: Median seconds of the approximate search of the sample at that count.
+        exact_s: Median seconds of the exact search of the sample.
+        tried: ``{count: recall}`` of every count tried.
+    """
+    candidates: Optional[int]
+    recall: float
+    approx_s: float
+    exact_s: float
+    tried: dict
+
+
+def calibration_file(index, kind: str, quantizer: str, search_effort: int, aggregate: str) -> Path:
+    """Where the calibration of ``index`` for an ANN setting is kept: in the index folder."""
+    return Path(index.path) / f'calibration.{kind}_{quantizer}_e{search_effort}_{aggregate}.json'
+
+
+def calibrated(retriever) -> Calibration:
+    """The calibration of an approximate :class:`~.maxsim.MaxSimRetriever`'s index and ANN setting: read from the
+    index folder if made for this build by this self-test, else made (:func:`calibrate`) and written there (through
+    a temporary name).
+
+    Raises:
+        CorruptIndexError: If the calibration file changed since it was written (named).
+    """
+    index = retriever.index
+    path = calibration_file(index, retriever.ann, retriever.quantizer, retriever.search_effort, retriever.aggregate)
+    build_id = index.payload()[0]['build_id']
+    if path.exists():
+        stored = read_calibration_file(path)
+        if stored['build_id'] == build_id and stored['version'] == VERSION:
+            found = stored['calibration']
+            return Calibration(**{**found, 'tried': {int(c): r for c, r in found['tried'].items()}})
+    found = calibrate(retriever)
+    if index.payload()[0]['build_id'] == build_id:   # not when the index was replaced meanwhile
+        body = {'build_id': build_id, 'version': VERSION, 'target_recall': TARGET_RECALL,
+                'sample_documents': SAMPLE_DOCUMENTS, 'calibration': asdict(found)}
+        with building(path) as tmp:
+            tmp.write_text(json.dumps({**body, 'sha256': _digest(body)}, indent=2))
+    return found
+
+
+def read_calibration_file(path: Path) -> dict:
+    """The content of a calibration file, checked against the checksum written with it.
+
+    Raises:
+        CorruptIndexError: If the file is not the JSON written, or changed since (named).
+    """
+    try:
+        stored = json.loads(path.read_text())
+        if isinstance(stored, dict) and stored.get('sha256') == _digest(
+                {k: v for k, v in stored.items() if k != 'sha256'}):
+            return stored
+    except (ValueError, UnicodeDecodeError):
+        pass
+    raise CorruptIndexError(f'calibration file {str(path)!r} changed since it was written (delete it to calibrate '
+                            f'again)')
+
+
+def _digest(body: dict) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def calibrate(retriever) -> Calibration:
+    """Runs the self-test of an approximate :class:`~.maxsim.MaxSimRetriever`'s index and ANN setting: up to
+    :data:`SAMPLE_DOCUMENTS` documents of the index (drawn with a fixed seed) search it with their own vectors,
+    exactly and over ANN candidates at each of :data:`CANDIDATE_COUNTS` in turn.
+
+    The first count whose recall@10 reaches :data:`TARGET_RECALL` is kept if its search is faster than the exact
+    one (medians of :data:`REPEATS` interleaved timings); the counts stop early once a search is no faster than
+    exact (larger counts are slower still). Each document is left out of its own rankings.
+    """
+    from pyterrier_multiquery.index.checks import ScoreCheck
+    index = retriever.index
+    payload = index.payload()
+    _, vectors, offsets, docnos = payload
+    doc_count = len(offsets) - 1
+    sample = np.sort(np.random.default_rng(0).choice(doc_count, min(SAMPLE_DOCUMENTS, doc_count), replace=False))
+    ScoreCheck([], payload, index.path).stored_vectors(sample)   # a damaged document is named, not used as a query
+    queries = pd.DataFrame({'qid': [str(docnos.fwd[i]) for i in sample],
+                            'query_embs': [np.asarray(vectors[offsets[i]:offsets[i + 1]], dtype=np.float32)
+                                           for i in sample]})
+
+    def search(**settings):
+        """The retriever's search of the sample, top :data:`TOP` + 1, with ``settings``."""
+        return type(retriever)(index, num_results=TOP + 1, aggregate=retriever.aggregate, ann=retriever.ann,
+                               quantizer=retriever.quantizer, search_effort=retriever.search_effort,
+                               device=retriever.device, verbose=retriever.verbose, **settings)
+    exact = search(exact=True)
+    truth = _top_others(exact(queries))
+    exact_times = [_seconds(exact, queries)]
+    if doc_count <= TOP + 1:   # every document is in every top 10
+        return Calibration(None, 1., float('nan'), exact_times[0], {})
+    tried, recall, approx_times = {}, 0., [float('nan')]
+    for count in CANDIDATE_COUNTS:
+        approx = search(exact=False, candidates=count)
+        found = _top_others(approx(queries))   # the first search also loads (or builds) the FAISS index
+        recall = float(np.mean([len(set(found.get(qid, ())) & set(top)) / len(top) for qid, top in truth.items()]))
+        tried[count] = recall
+        approx_times = [_seconds(approx, queries)]
+        if approx_times[0] >= min(exact_times):
+            return Calibration(None, recall, approx_times[0], min(exact_times), tried)
+        if recall >= TARGET_RECALL:
+            break
+    else:
+        return Calibration(None, recall, approx_times[0], min(exact_times), tried)
+    for _ in range(REPEATS - 1):
+        exact_times.append(_seconds(exact, queries))
+        approx_times.append(_seconds(approx, queries))
+    approx_s, exact_s = float(np.median(approx_times)), float(np.median(exact_times))
+    return Calibration(count if approx_s < exact_s else None, recall, approx_s, exact_s, tried)
+
+
+def _top_others(run: pd.DataFrame) -> dict:
+    """Each query's top :data:`TOP` documents other than the document the query was made from, by qid."""
+    run = run[run['docno'] != run['qid']].sort_values(['qid', 'rank'])
+    return {qid: group['docno'].tolist()[:TOP] for qid, group in run.groupby('qid', sort=False)}
+
+
+def _seconds(retriever, queries: pd.DataFrame) -> float:
+    """Wall-clock seconds of one search of ``queries``."""
+    start = time.perf_counter()
+    retriever(queries)
+    return time.perf_counter() - start

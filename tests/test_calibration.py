@@ -1,0 +1,170 @@
+"""The approximate search calibrates its own candidate count: recall against exact search on sampled documents,
+exact search where it is faster, the answer kept per build in the index folder."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip('faiss')
+
+from pyterrier_multiquery.experiment.clustered_collection import clustered_collection  # noqa: E402
+from pyterrier_multiquery.index import MultiVectorIndex  # noqa: E402
+from pyterrier_multiquery.index import calibration  # noqa: E402
+from pyterrier_multiquery.index.errors import CorruptIndexError  # noqa: E402
+
+SETTING = {'ann': 'ivf', 'quantizer': 'SQ8', 'search_effort': 32, 'aggregate': 'mean', 'device': 'cpu'}
+
+
+def approximate(index, **settings):
+    """The approximate retriever whose setting is calibrated (:data:`SETTING`, changed by ``settings``)."""
+    return index.retriever(exact=False, **{**SETTING, **settings})
+
+
+def build(path, doc_count: int = 1500, seed: int = 0):
+    """A clustered index of ``doc_count`` documents (4 vectors of 16 dimensions) and 20 queries near documents."""
+    documents, queries = clustered_collection(doc_count, dim=16, min_vectors=4, max_vectors=4, topics=150,
+                                              query_count=20, query_vectors=4, seed=seed)
+    index = MultiVectorIndex(path, verbose=False)
+    index.indexer(overwrite=True).index(documents)
+    return index, pd.DataFrame({'qid': [f'q{i}' for i in range(len(queries))], 'query_embs': queries})
+
+
+@pytest.fixture
+def clustered(tmp_path):
+    return build(tmp_path / 'index')
+
+
+def timings(monkeypatch, approx_s: float, exact_s: float):
+    """Makes every timed search of the self-test take ``approx_s`` (approximate) or ``exact_s`` (exact) seconds."""
+    monkeypatch.setattr(calibration, '_seconds', lambda retriever, queries: exact_s if retriever.exact else approx_s)
+
+
+def test_first_count_reaching_the_target_is_kept(clustered, monkeypatch):
+    index, _ = clustered
+    timings(monkeypatch, approx_s=1., exact_s=2.)
+    found = calibration.calibrate(approximate(index))
+    counts = list(found.tried)
+    assert counts == list(calibration.CANDIDATE_COUNTS[:len(counts)])   # ascending, from the smallest
+    assert found.candidates == counts[-1] and found.recall == found.tried[counts[-1]] >= calibration.TARGET_RECALL
+    assert all(found.tried[c] < calibration.TARGET_RECALL for c in counts[:-1])
+    assert (found.approx_s, found.exact_s) == (1., 2.)
+
+
+def test_recall_is_measured_against_exact_search_leaving_each_document_out(clustered, monkeypatch):
+    index, _ = clustered
+    timings(monkeypatch, approx_s=1., exact_s=2.)
+    found = calibration.calibrate(approximate(index))
+    _, vectors, offsets, docnos = index.payload()
+    sample = np.sort(np.random.default_rng(0).choice(len(offsets) - 1, calibration.SAMPLE_DOCUMENTS, replace=False))
+    everything = np.asarray(vectors, dtype=np.float64)
+    recalls = []
+    for i in sample:   # brute force in float64, independently of the index's search
+        sims = np.asarray(vectors[offsets[i]:offsets[i + 1]], dtype=np.float64) @ everything.T
+        scores = np.array([sims[:, a:b].max(axis=1).mean() for a, b in zip(offsets[:-1], offsets[1:])])
+        scores[i] = -np.inf
+        truth = set(np.argsort(-scores, kind='stable')[:10])
+        run = index.retriever(exact=False, candidates=found.candidates, num_results=11)(
+            pd.DataFrame({'qid': ['x'], 'query_embs': [vectors[offsets[i]:offsets[i + 1]]]}))
+        got = [docnos.inv[d] for d in run['docno'] if d != docnos.fwd[i]][:10]
+        recalls.append(len(truth & set(got)) / 10)
+    assert np.mean(recalls) == pytest.approx(found.recall)
+
+
+def test_exact_search_where_the_approximate_one_is_not_faster(clustered, monkeypatch):
+    index, queries = clustered
+    timings(monkeypatch, approx_s=2., exact_s=1.)
+    found = calibration.calibrate(approximate(index))
+    assert found.candidates is None and list(found.tried) == [calibration.CANDIDATE_COUNTS[0]]   # stops at once
+    calibration.calibrated(approximate(index))   # stored for the default retriever
+    pd.testing.assert_frame_equal(index.retriever(exact=False, num_results=10)(queries),
+                                  index.retriever(exact=True, num_results=10)(queries))
+
+
+def test_no_count_reaching_the_target_searches_exactly(clustered, monkeypatch):
+    index, _ = clustered
+    timings(monkeypatch, approx_s=1., exact_s=2.)
+    monkeypatch.setattr(calibration, 'TARGET_RECALL', 1.01)   # unreachable
+    found = calibration.calibrate(approximate(index))
+    assert found.candidates is None and list(found.tried) == list(calibration.CANDIDATE_COUNTS)
+
+
+def test_default_retriever_searches_with_the_calibrated_count(clustered):
+    index, queries = clustered
+    run = index.retriever(exact=False, num_results=10)(queries)   # calibrates (real timings)
+    found = calibration.calibrated(approximate(index))
+    expected = (index.retriever(exact=True, num_results=10) if found.candidates is None else
+                index.retriever(exact=False, candidates=found.candidates, num_results=10))(queries)
+    pd.testing.assert_frame_equal(run, expected)
+    exact = index.retriever(exact=True, num_results=10)(queries)
+    overlap = [len(set(run[run['qid'] == q]['docno']) & set(group['docno'])) / 10 for q, group in exact.groupby('qid')]
+    assert np.mean(overlap) >= 0.95   # queries near documents, as the sampled documents are
+
+
+def test_calibration_is_kept_per_build_and_redone_after_a_rebuild(tmp_path, monkeypatch):
+    index, _ = build(tmp_path / 'index')
+    timings(monkeypatch, approx_s=1., exact_s=2.)
+    first = calibration.calibrated(approximate(index))
+    path = calibration.calibration_file(index, 'ivf', 'SQ8', 32, 'mean')
+    stored = json.loads(path.read_text())
+    assert stored['build_id'] == index.payload()[0]['build_id'] and stored['calibration']['candidates'] == \
+        first.candidates
+    assert [p.name for p in path.parent.iterdir() if p.name.startswith('.')] == []   # no temporary file left
+
+    def refuse(*args, **kwargs):
+        raise AssertionError('calibrated again')
+    monkeypatch.setattr(calibration, 'calibrate', refuse)
+    assert calibration.calibrated(approximate(index)) == first   # read back
+    monkeypatch.undo()
+    timings(monkeypatch, approx_s=2., exact_s=1.)
+    index, _ = build(tmp_path / 'index', seed=1)   # rebuilt: a new build id
+    assert calibration.calibrated(approximate(index)).candidates is None
+
+
+@pytest.mark.parametrize('change', ['truncate', 'candidates', 'build'])
+def test_a_changed_calibration_file_is_named(clustered, monkeypatch, change):
+    index, queries = clustered
+    timings(monkeypatch, approx_s=1., exact_s=2.)
+    calibration.calibrated(approximate(index))
+    path = calibration.calibration_file(index, 'ivf', 'SQ8', 32, 'mean')
+    text = path.read_text()
+    path.write_text({'truncate': text[:len(text) // 2],
+                     'candidates': text.replace('"candidates": ', '"candidates": 1'),
+                     'build': text.replace(index.payload()[0]['build_id'], '0' * 32)}[change])
+    for fail in (lambda: index.retriever(exact=False)(queries), index.verify):
+        with pytest.raises(CorruptIndexError, match=path.name.replace('.', r'\.')):
+            fail()
+    path.unlink()   # as the error says: calibrated again
+    assert calibration.calibrated(approximate(index)).candidates is not None
+
+
+def test_a_calibration_of_a_build_replaced_meanwhile_is_not_kept(tmp_path, monkeypatch):
+    index, _ = build(tmp_path / 'index')
+    made = calibration.calibrate
+
+    def replaced_meanwhile(*args, **kwargs):
+        found = made(*args, **kwargs)
+        build(tmp_path / 'index', seed=1)
+        return found
+    timings(monkeypatch, approx_s=1., exact_s=2.)
+    monkeypatch.setattr(calibration, 'calibrate', replaced_meanwhile)
+    assert calibration.calibrated(approximate(index)).candidates is not None
+    assert list(index.path.glob('calibration.*')) == []
+
+
+def test_settings_are_calibrated_apart(clustered, monkeypatch):
+    index, _ = clustered
+    timings(monkeypatch, approx_s=1., exact_s=2.)
+    calibration.calibrated(approximate(index))
+    calibration.calibrated(approximate(index, search_effort=4, aggregate='sum'))
+    assert sorted(p.name for p in index.path.glob('calibration.*')) == [
+        'calibration.ivf_SQ8_e32_mean.json', 'calibration.ivf_SQ8_e4_sum.json']
+
+
+def test_a_tiny_index_searches_exactly(tmp_path):
+    index = MultiVectorIndex(tmp_path / 'tiny', verbose=False)
+    rng = np.random.default_rng(0)
+    index.index({'docno': f'd{i}', 'doc_embs': rng.normal(size=(3, 8)).astype(np.float32)} for i in range(6))
+    queries = pd.DataFrame({'qid': ['a'], 'query_embs': [rng.normal(size=(2, 8)).astype(np.float32)]})
+    pd.testing.assert_frame_equal(index.retriever(exact=False)(queries), index.retriever(exact=True)(queries))
+    assert calibration.calibrated(approximate(index)).candidates is None
