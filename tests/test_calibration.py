@@ -87,6 +87,10 @@ def test_no_count_reaching_the_target_searches_exactly(clustered, monkeypatch):
     monkeypatch.setattr(calibration, 'TARGET_RECALL', 1.01)   # unreachable
     found = calibration.calibrate(approximate(index))
     assert found.candidates is None and list(found.tried) == list(calibration.CANDIDATE_COUNTS)
+    monkeypatch.setattr(calibration, 'calibrate', lambda retriever: found)
+    assert calibration.calibrated(approximate(index)) == found   # written,
+    monkeypatch.undo()
+    assert calibration.calibrated(approximate(index)) == found   # and read back (all ten counts)
 
 
 def test_default_retriever_searches_with_the_calibrated_count(clustered):

@@ -75,7 +75,8 @@ def calibrated(retriever) -> Calibration:
     found = calibrate(retriever)
     if index.payload()[0]['build_id'] == build_id:   # not when the index was replaced meanwhile
         body = {'build_id': build_id, 'version': VERSION, 'target_recall': TARGET_RECALL,
-                'sample_documents': SAMPLE_DOCUMENTS, 'calibration': asdict(found)}
+                'sample_documents': SAMPLE_DOCUMENTS,
+                'calibration': {**asdict(found), 'tried': {str(c): r for c, r in found.tried.items()}}}  # as read
         with building(path) as tmp:
             tmp.write_text(json.dumps({**body, 'sha256': _digest(body)}, indent=2))
     return found
