@@ -172,3 +172,20 @@ def test_a_tiny_index_searches_exactly(tmp_path):
     queries = pd.DataFrame({'qid': ['a'], 'query_embs': [rng.normal(size=(2, 8)).astype(np.float32)]})
     pd.testing.assert_frame_equal(index.retriever(exact=False)(queries), index.retriever(exact=True)(queries))
     assert calibration.calibrated(approximate(index)).candidates is None
+
+
+def test_a_long_document_queries_with_some_of_its_vectors(tmp_path, monkeypatch):
+    documents, _ = clustered_collection(300, dim=16, min_vectors=20, max_vectors=45, topics=30, query_count=1)
+    index = MultiVectorIndex(tmp_path / 'long', verbose=False).index(documents)
+    asked = []
+    monkeypatch.setattr(calibration, '_seconds', lambda retriever, queries: asked.append(queries) or 1.)
+    calibration.calibrate(approximate(index))
+    _, vectors, offsets, docnos = index.payload()
+    for qid, embs in zip(asked[0]['qid'], asked[0]['query_embs']):
+        i = docnos.inv[qid]
+        stored = np.asarray(vectors[offsets[i]:offsets[i + 1]])
+        assert len(embs) == min(len(stored), calibration.QUERY_VECTORS)
+        rows = [int(np.flatnonzero((stored == vector).all(axis=1))[0]) for vector in embs]
+        assert rows == sorted(set(rows))   # distinct vectors of the document, in its order
+    assert any(offsets[i + 1] - offsets[i] > calibration.QUERY_VECTORS for i in map(docnos.inv.__getitem__,
+                                                                                 asked[0]['qid']))

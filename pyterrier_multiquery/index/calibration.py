@@ -3,8 +3,9 @@
 An ANN stage needs more candidates per query vector as a collection grows and as its vectors crowd together, and
 past some count exact search is the cheaper way to the same top 10. :func:`calibrated` finds, once per index build
 and ANN setting, the smallest candidate count whose recall@10 against exact search reaches
-:data:`TARGET_RECALL` on documents of the index used as queries (each document's own vectors, itself excluded from
-both rankings), and whether it is faster than exact search there; it keeps the answer in the index folder.
+:data:`TARGET_RECALL` on documents of the index used as queries (each document's own vectors, at most
+:data:`QUERY_VECTORS` of them, itself excluded from both rankings), and whether it is faster than exact search
+there; it keeps the answer in the index folder.
 """
 import hashlib
 import json
@@ -23,6 +24,9 @@ from pyterrier_multiquery.index.errors import CorruptIndexError
 TARGET_RECALL = 0.99
 #: Documents used as queries by the self-test.
 SAMPLE_DOCUMENTS = 64
+#: Vectors of a sampled document that make its query (drawn at random from longer ones): a query's length, such as
+#: ColBERT's 32 tokens, not a long document's.
+QUERY_VECTORS = 32
 #: Candidate counts tried, in this order, until one reaches :data:`TARGET_RECALL`.
 CANDIDATE_COUNTS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 #: Timed repeats of the exact and the approximate search at the chosen count (interleaved; medians compared).
@@ -105,8 +109,9 @@ def _digest(body: dict) -> str:
 
 def calibrate(retriever) -> Calibration:
     """Runs the self-test of an approximate :class:`~.maxsim.MaxSimRetriever`'s index and ANN setting: up to
-    :data:`SAMPLE_DOCUMENTS` documents of the index (drawn with a fixed seed) search it with their own vectors,
-    exactly and over ANN candidates at each of :data:`CANDIDATE_COUNTS` in turn.
+    :data:`SAMPLE_DOCUMENTS` documents of the index (drawn with a fixed seed) search it with their own vectors (at
+    most :data:`QUERY_VECTORS` of them), exactly and over ANN candidates at each of :data:`CANDIDATE_COUNTS` in
+    turn.
 
     The first count whose recall@10 reaches :data:`TARGET_RECALL` is kept if its search is faster than the exact
     one (medians of :data:`REPEATS` interleaved timings); the counts stop early once a search is no faster than
@@ -119,9 +124,10 @@ def calibrate(retriever) -> Calibration:
     doc_count = len(offsets) - 1
     sample = np.sort(np.random.default_rng(0).choice(doc_count, min(SAMPLE_DOCUMENTS, doc_count), replace=False))
     ScoreCheck([], payload, index.path).stored_vectors(sample)   # a damaged document is named, not used as a query
+    rng = np.random.default_rng(1)
     queries = pd.DataFrame({'qid': [str(docnos.fwd[i]) for i in sample],
-                            'query_embs': [np.asarray(vectors[offsets[i]:offsets[i + 1]], dtype=np.float32)
-                                           for i in sample]})
+                            'query_embs': [np.asarray(vectors[offsets[i] + np.sort(rng.permutation(
+                                offsets[i + 1] - offsets[i])[:QUERY_VECTORS])], dtype=np.float32) for i in sample]})
 
     def search(**settings):
         """The retriever's search of the sample, top :data:`TOP` + 1, with ``settings``."""
