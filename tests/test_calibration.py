@@ -109,7 +109,7 @@ def test_calibration_is_kept_per_build_and_redone_after_a_rebuild(tmp_path, monk
     index, _ = build(tmp_path / 'index')
     timings(monkeypatch, approx_s=1., exact_s=2.)
     first = calibration.calibrated(approximate(index))
-    path = calibration.calibration_file(index, 'ivf', 'SQ8', 32, 'mean')
+    path = calibration.calibration_file(index, 'ivf', 'SQ8', 32, 'mean', 'cpu')
     stored = json.loads(path.read_text())
     assert stored['build_id'] == index.payload()[0]['build_id'] and stored['calibration']['candidates'] == \
         first.candidates
@@ -130,7 +130,7 @@ def test_a_changed_calibration_file_is_named(clustered, monkeypatch, change):
     index, queries = clustered
     timings(monkeypatch, approx_s=1., exact_s=2.)
     calibration.calibrated(approximate(index))
-    path = calibration.calibration_file(index, 'ivf', 'SQ8', 32, 'mean')
+    path = calibration.calibration_file(index, 'ivf', 'SQ8', 32, 'mean', 'cpu')
     text = path.read_text()
     path.write_text({'truncate': text[:len(text) // 2],
                      'candidates': text.replace('"candidates": ', '"candidates": 1'),
@@ -162,7 +162,7 @@ def test_settings_are_calibrated_apart(clustered, monkeypatch):
     calibration.calibrated(approximate(index))
     calibration.calibrated(approximate(index, search_effort=4, aggregate='sum'))
     assert sorted(p.name for p in index.path.glob('calibration.*')) == [
-        'calibration.ivf_SQ8_e32_mean.json', 'calibration.ivf_SQ8_e4_sum.json']
+        'calibration.ivf_SQ8_e32_mean_cpu.json', 'calibration.ivf_SQ8_e4_sum_cpu.json']
 
 
 def test_a_tiny_index_searches_exactly(tmp_path):

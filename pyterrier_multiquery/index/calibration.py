@@ -55,9 +55,10 @@ class Calibration:
     tried: dict
 
 
-def calibration_file(index, kind: str, quantizer: str, search_effort: int, aggregate: str) -> Path:
-    """Where the calibration of ``index`` for an ANN setting is kept: in the index folder."""
-    return Path(index.path) / f'calibration.{kind}_{quantizer}_e{search_effort}_{aggregate}.json'
+def calibration_file(index, kind: str, quantizer: str, search_effort: int, aggregate: str, device: str) -> Path:
+    """Where the calibration of ``index`` for an ANN setting is kept: in the index folder, one per kind of device
+    (``cpu`` or ``cuda``: which search is faster depends on it)."""
+    return Path(index.path) / f'calibration.{kind}_{quantizer}_e{search_effort}_{aggregate}_{device.split(":")[0]}.json'
 
 
 def calibrated(retriever) -> Calibration:
@@ -69,7 +70,8 @@ def calibrated(retriever) -> Calibration:
         CorruptIndexError: If the calibration file changed since it was written (named).
     """
     index = retriever.index
-    path = calibration_file(index, retriever.ann, retriever.quantizer, retriever.search_effort, retriever.aggregate)
+    path = calibration_file(index, retriever.ann, retriever.quantizer, retriever.search_effort, retriever.aggregate,
+                            retriever.device)
     build_id = index.payload()[0]['build_id']
     if path.exists():
         stored = read_calibration_file(path)
