@@ -57,11 +57,11 @@ class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
     (``ann``: flat, ivf or hnsw, storing ``quantizer`` codes; built once and cached in the index folder; one
     search for all the queries of a frame), and exact MaxSim is computed over their documents only, for as many
     queries at once as ``batch_size`` and ``tile_bytes`` allow. By default the index calibrates the candidate
-    count itself (:func:`~.calibration.calibrated`: recall@10 of at least 0.99 against exact search on sampled
-    documents, measured once per build and setting) and searches exactly where that is faster. Ties are broken by
-    the documents' order in the index. Scoring runs in torch on ``device`` (CUDA when available), FAISS search on
-    the GPU when FAISS has GPU support; the CPU gives the same rankings. On the CPU, torch and FAISS both use
-    ``threads`` threads during a search.
+    count itself (:func:`~.calibration.calibrated`: recall@10 of at least 0.995 against exact search on sampled
+    documents, measured once per build, setting and kind of device) and searches exactly where that is faster.
+    Ties are broken by the documents' order in the index. Scoring runs in torch on ``device`` (CUDA when
+    available), FAISS search on the GPU when FAISS has GPU support; the CPU gives the same rankings. On the CPU,
+    torch and FAISS both use ``threads`` threads during a search.
     """
     schematic = {'label': 'MaxSim'}
 
