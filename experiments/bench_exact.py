@@ -22,8 +22,8 @@ Systems, both on the same threads, both returning each query's top 10 by exact M
 - index approx: ``index.maxsim_retriever(exact=False, num_results=10)``, nothing tuned: IVF with 8-bit codes and
   the candidate count the index calibrates on its own documents (:mod:`pyterrier_multiquery.index.calibration`;
   exact search where that is faster). The FAISS build and the calibration are timed once, apart, before the rounds
-  (an earlier run's calibration is removed first); recall@10 is against index exact's top 10 on the workload's
-  queries, which the calibration never saw.
+  (an earlier run's FAISS file and calibration are removed first); recall@10 is against index exact's top 10 on
+  the workload's queries, which the calibration never saw.
 Timing: one warm-up run each (its top 10 gives recall against the others), then ``--repeats`` interleaved rounds;
 medians. GFLOP/s counts the useful products only (2 x query vectors x stored vectors x dims, padding not counted);
 "% of peak" divides by the higher of two float32 peaks, each the median of 5 4096^3 matmuls on the same threads,
@@ -153,8 +153,8 @@ class IndexCalibrated(IndexExact):
         from pyterrier_multiquery.index.ann import load_or_build
         from pyterrier_multiquery.index.calibration import calibrated
         super().__init__(index, queries, threads, exact=False)
-        for old in index.path.glob('calibration.*'):   # made by an earlier run: calibrated again, timed
-            old.unlink()
+        for old in [*index.path.glob('ann.*.faiss'), *index.path.glob('calibration.*')]:   # an earlier run's:
+            old.unlink()                                                                 # built again, timed
         torch.set_num_threads(threads)
         start = time.perf_counter()
         load_or_build(index, 'ivf', verbose=False)
