@@ -13,7 +13,7 @@ Workloads (queries of 8 vectors drawn as the documents', top 10):
 - minilm-scifact: all-MiniLM-L6-v2's token vectors (384 dims, normalised, [CLS]/[SEP] and padding left out, at most
   256 tokens) of SciFact's 5,183 abstracts and of its 300 test queries, from the local model package.
 
-Systems, both on the same threads, both returning each query's top 10 by exact MaxSim (mean over query vectors):
+Systems, all on the same threads, each returning each query's top 10 by MaxSim (mean over query vectors):
 - index exact: ``index.maxsim_retriever(num_results=10)`` on a frame of all queries (the result frame included).
 - einsum reference: the issue's ten-line baseline: blocks of 2,048 documents (sorted by length, so that ragged
   documents are padded little) padded to their longest, one float32
@@ -160,7 +160,7 @@ class IndexCalibrated(IndexExact):
         load_or_build(index, 'ivf', verbose=False)
         self.build_s = time.perf_counter() - start
         start = time.perf_counter()
-        self.calibration = calibrated(index.maxsim_retriever(exact=False, threads=threads))
+        self.calibration = calibrated(self.retriever)
         self.calibration_s = time.perf_counter() - start
 
 

@@ -142,7 +142,7 @@ def calibrate(retriever) -> Calibration:
     exact_times = [_seconds(exact, queries)]
     if doc_count <= TOP + 1:   # every document is in every top 10
         return Calibration(None, 1., float('nan'), exact_times[0], {})
-    tried, recall, approx_times = {}, 0., [float('nan')]
+    tried = {}
     for count in CANDIDATE_COUNTS:
         approx = search(exact=False, candidates=count)
         found = _top_others(approx(queries))   # the first search also loads (or builds) the FAISS index

@@ -43,7 +43,6 @@ class ScoreCheck:
                          f'{float(scores[row, column])} (float32 overflows): the query\'s or the document\'s vectors '
                          f'are too large (scale its query_embs down; index.verify() checks the stored vectors)')
 
-
     def stored_vectors(self, docids) -> None:
         """Raises :class:`CorruptIndexError` naming the first of the documents whose stored vectors are not all
         finite (a damaged index)."""
