@@ -6,10 +6,11 @@ The workload is bench_index.py's (pyterrier_multiquery.experiment.clustered_coll
 a document around 2,000 topic centres, noise 0.5, unit-normalised; queries of 8 vectors drawn the same way; top 10),
 written once to a MultiVectorIndex by streaming. Systems, each called on a frame of all queries:
 - index exact (cpu, N threads): ``index.retriever(exact=True, device='cpu', threads=N)``.
-- index exact (cuda): ``index.retriever(exact=True, device='cuda')``: the stored vectors stream from the
-  memory-mapped file to the GPU a block at a time, as on the CPU.
-- index approx (cpu / cuda): ``index.retriever(exact=False)`` at its defaults (IVF candidates by FAISS, re-scored
-  exactly on the device).
+- index exact (cuda): ``index.retriever(exact=True, device='cuda')``: the stored vectors are copied to the GPU at
+  the first search (the warm-up) and kept there, as they fit twice over in its free memory.
+- index approx (cpu / cuda): ``index.retriever(exact=False)`` at its defaults: the candidate count each device's
+  self-calibration chose (at the warm-up), IVF candidates by FAISS re-scored exactly on the device, or exact search
+  where the calibration found that faster.
 - reference exact (cuda): all stored vectors resident on the GPU, one matmul of all query vectors against them, the
   per-document max and per-query mean by reshapes (every document has the same number of vectors here), ``topk``:
   what plain torch does when the collection fits on the card.

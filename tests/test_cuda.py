@@ -26,6 +26,14 @@ def test_cuda_ranks_as_the_cpu(index_and_topics, exact):
     np.testing.assert_allclose(cuda['score'], cpu['score'], rtol=1e-5, atol=1e-5)
 
 
+def test_the_gpu_keeps_the_vectors_resident(index_and_topics):
+    index, topics = index_and_topics
+    index.retriever(exact=True, device='cuda', num_results=5)(topics)
+    resident = index.searchers().searchers[0]._resident['cuda'][1]
+    assert resident.device.type == 'cuda'
+    np.testing.assert_array_equal(resident.cpu().numpy(), np.asarray(index.payload()[1]))
+
+
 def test_cuda_rescores_as_the_cpu(index_and_topics):
     index, topics = index_and_topics
     candidates = index.retriever(exact=True, device='cpu', num_results=50)(topics)[['qid', 'docno']]

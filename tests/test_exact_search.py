@@ -104,13 +104,13 @@ def test_screening_skips_the_documents_it_rules_out(tmp_path, monkeypatch):
     docs, queries = clustered_collection(2000, dim=64, topics=200, query_count=20)
     index = MultiVectorIndex(tmp_path / 'index', verbose=False).index(docs)
     pairs = []
-    scored = exact.score_documents
+    scored = exact.rescore_candidates
 
-    def counting(query, docids, vectors, offsets, aggregate):
-        pairs.append(len(docids))
-        return scored(query, docids, vectors, offsets, aggregate)
+    def counting(queries, batches, *args, **kwargs):
+        pairs.extend(int((docids >= 0).sum()) for _, _, docids in batches)
+        return scored(queries, batches, *args, **kwargs)
 
-    monkeypatch.setattr(exact, 'score_documents', counting)
+    monkeypatch.setattr(exact, 'rescore_candidates', counting)
     index.maxsim_retriever(num_results=10, block_vectors=4000)(
         pd.DataFrame({'qid': [f'q{i}' for i in range(len(queries))], 'query_embs': queries}))
     # each query's top 10 at least, and a small part of the 40,000 (query, document) pairs

@@ -189,13 +189,13 @@ def test_corrupt_faiss_file_is_named(collection, tmp_path):
     _, index = collection
     shutil.copytree(index.path, tmp_path / 'copy')
     copy = MultiVectorIndex(tmp_path / 'copy', verbose=False)
-    copy.maxsim_retriever(exact=False, ann='flat')(topics_frame([np.ones((1, 16))]))
+    copy.maxsim_retriever(exact=False, ann='flat', candidates=4)(topics_frame([np.ones((1, 16))]))
     ann_file = tmp_path / 'copy' / 'ann.Flat.faiss'
     ann_file.write_bytes(b'not a faiss index')
     # the index object keeps the FAISS index it loaded; another one reads the file again
     copy = MultiVectorIndex(tmp_path / 'copy', verbose=False)
     with pytest.raises(CorruptIndexError, match='ann.Flat.faiss.*no readable stamp'):
-        copy.maxsim_retriever(exact=False, ann='flat')(topics_frame([np.ones((1, 16))]))
+        copy.maxsim_retriever(exact=False, ann='flat', candidates=4)(topics_frame([np.ones((1, 16))]))
 
 
 def test_bad_records_and_queries_are_named(collection, tmp_path):

@@ -17,7 +17,7 @@ import numpy as np
 import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
-from pyterrier_multiquery.index.maxsim import aligned, document_blocks, score_documents
+from pyterrier_multiquery.index.maxsim import aligned, document_blocks, rescore_candidates, stored_rows
 
 with requires('dense'):
     import torch
@@ -200,7 +200,7 @@ def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_re
         blocks = pt.tqdm(blocks, desc=label, unit='block')
     for first, last in blocks:
         block_offsets = offsets[first:last + 1] - offsets[first]
-        block = aligned(vectors[offsets[first]:offsets[last]]).to(device)  # the stored dtype
+        block = stored_rows(vectors, slice(offsets[first], offsets[last]), device)  # the stored dtype
         for i, batch in enumerate(batches):
             screened = batch.screen(block, block_offsets, tile_vectors[i])
             if check is not None and not bool(torch.isfinite(screened).all()):  # a damaged document, or an overflow
@@ -208,13 +208,14 @@ def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_re
             batch.add(screened, first)
     results = []
     for i, batch in enumerate(batches):
-        tops = []
-        for j, docids in enumerate(batch.candidates()):
-            position = i * batch_size + j
-            scores = score_documents(aligned(queries[position]).to(device), docids, vectors, offsets, aggregate)
-            if check is not None:
-                check(scores[None], docids, position)
-            order = np.lexsort((docids, -scores))[:num_results]
-            tops.append((scores[order], docids[order]))
-        results.append(tuple(np.stack(parts) for parts in zip(*tops)))
+        candidates = batch.candidates()
+        docids = np.full((len(candidates), max(len(c) for c in candidates)), -1, dtype=np.int64)
+        for row, found in enumerate(candidates):
+            docids[row, :len(found)] = found
+        start = i * batch_size
+        scores, docids, _ = rescore_candidates(queries, [(start, start + len(candidates), docids)], vectors, offsets,
+                                               num_results=num_results, aggregate=aggregate, tile_bytes=tile_bytes,
+                                               device=device, check=check, dtype=torch.float64)[0]
+        keep = min(num_results, len(offsets) - 1)  # every query has at least this many candidates
+        results.append((scores[:, :keep], docids[:, :keep]))
     return results

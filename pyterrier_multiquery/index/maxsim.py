@@ -60,7 +60,8 @@ class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
     count itself (:func:`~.calibration.calibrated`: recall@10 of at least 0.995 against exact search on sampled
     documents, measured once per build, setting and kind of device) and searches exactly where that is faster.
     Ties are broken by the documents' order in the index. Scoring runs in torch on ``device`` (CUDA when
-    available), FAISS search on the GPU when FAISS has GPU support; the CPU gives the same rankings. On the CPU,
+    available; a GPU keeps the stored vectors in its memory between searches where they take at most half of what
+    is free), FAISS search on the GPU when FAISS has GPU support; the CPU gives the same rankings. On the CPU,
     torch and FAISS both use ``threads`` threads during a search.
     """
     schematic = {'label': 'MaxSim'}
@@ -232,13 +233,13 @@ def score_documents(query, docids: np.ndarray, vectors, offsets: np.ndarray, agg
     """Exact MaxSim of one query (a ``(Q, d)`` tensor) against the given documents of an index's vectors."""
     lengths = offsets[docids + 1] - offsets[docids]
     rows = np.repeat(offsets[docids] - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
-    doc_vectors = aligned(vectors[rows]).to(query.device).double()
+    doc_vectors = stored_rows(vectors, rows, query.device).double()
     return maxsim_scores(query, doc_vectors, torch.from_numpy(lengths).to(query.device), aggregate)[0].cpu().numpy()
 
 
 def rescore_candidates(queries: List[np.ndarray], batches, vectors, offsets: np.ndarray, *, num_results: int,
                        aggregate: str, tile_bytes: int, device: str, label: Optional[str] = None,
-                       check: Optional[ScoreCheck] = None):
+                       check: Optional[ScoreCheck] = None, dtype: 'torch.dtype' = torch.float32):
     """Exact MaxSim of queries against their candidate documents of an index (or one shard).
 
     Args:
@@ -248,12 +249,15 @@ def rescore_candidates(queries: List[np.ndarray], batches, vectors, offsets: np.
             longest candidate; a query whose padding would take too much memory (:func:`padding_is_bounded`) alone,
             unpadded.
         check: Given the scores of each step.
+        dtype: The products' format: float32, or float64 (scores rounded to float32 once summed, as
+            :func:`maxsim_scores` gives them).
 
     Returns:
         For each batch, ``(scores, docids, counts)``: each query's top ``num_results`` candidates in a row, by score,
         ties by docid, of which the first ``counts`` are results (-inf and -1 beyond).
     """
     lengths = np.diff(offsets)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
     if label is not None:
         batches = pt.tqdm(batches, desc=label, unit='batch')
     results = []
@@ -266,13 +270,13 @@ def rescore_candidates(queries: List[np.ndarray], batches, vectors, offsets: np.
                                                 aggregate, device, check, start + first))
                 continue
             run = docids[first:last]
-            per_query = 4 * run.shape[1] * _widest(run, lengths) * vectors.shape[1]
+            per_query = itemsize * run.shape[1] * _widest(run, lengths) * vectors.shape[1]
             step = max(1, tile_bytes // max(1, per_query))  # as many queries as fit in a tile, at least one
             for a in range(first, last, step):
                 chunk = docids[a:min(last, a + step)]
                 chunk = chunk[:, :int((chunk >= 0).sum(axis=1).max())]
                 chunks.append(_rescore(queries[start + a:start + a + len(chunk)], chunk, vectors, offsets, lengths,
-                                       num_results, aggregate, device, check, start + a))
+                                       num_results, aggregate, device, check, start + a, dtype))
         width = max(scores.shape[1] for scores, _, _ in chunks)
         results.append(tuple(np.concatenate(parts) for parts in zip(*[
             (np.pad(scores, ((0, 0), (0, width - scores.shape[1])), constant_values=-np.inf),
@@ -294,9 +298,11 @@ def _rescore_unpadded(query: np.ndarray, docids: np.ndarray, vectors, offsets, n
 
 
 def _rescore(queries, docids: np.ndarray, vectors, offsets, lengths, num_results: int, aggregate: str,
-             device: str, check: Optional[ScoreCheck], first_query: int) -> Tuple[np.ndarray, ...]:
+             device: str, check: Optional[ScoreCheck], first_query: int,
+             dtype: 'torch.dtype') -> Tuple[np.ndarray, ...]:
     """Exact MaxSim of queries against their candidates (``docids``, ascending, -1 padded) in one padded
-    (queries x candidates x document vectors) product; returns each query's top (scores, docids, count)."""
+    (queries x candidates x document vectors) product in ``dtype``; returns each query's top (float32 scores,
+    docids, count)."""
     count, width = docids.shape
     found = np.minimum((docids >= 0).sum(axis=1), num_results)
     if width == 0:
@@ -307,13 +313,13 @@ def _rescore(queries, docids: np.ndarray, vectors, offsets, lengths, num_results
     widest = _widest(docids, lengths)
     # each document's rows, its last row repeated up to the widest candidate (a repeat leaves the max as it is)
     rows = np.minimum(starts[:, :, None] + np.arange(widest), ends[:, :, None] - 1)
-    doc_vectors = aligned(vectors[rows.reshape(-1)])
-    doc_vectors = doc_vectors.to(device).float().view(count, width * widest, -1)
+    doc_vectors = stored_rows(vectors, rows.reshape(-1), device).to(dtype).view(count, width * widest, -1)
     padded, query_lengths = padded_queries(queries)  # zero rows: a max of 0, which adds nothing to the sum
-    sims = torch.bmm(aligned(padded).to(device), doc_vectors.transpose(1, 2))
+    sims = torch.bmm(aligned(padded).to(device).to(dtype), doc_vectors.transpose(1, 2))
     scores = sims.view(count, -1, width, widest).amax(dim=3).sum(dim=1)
     if aggregate == 'mean':
         scores = scores / torch.from_numpy(query_lengths).to(device)[:, None]
+    scores = scores.float()
     if check is not None:
         check(scores.masked_fill(~torch.from_numpy(valid).to(device), 0), safe, first_query)
     scores = scores.masked_fill(~torch.from_numpy(valid).to(device), -torch.inf)
@@ -363,6 +369,15 @@ def aligned(array: np.ndarray) -> torch.Tensor:
     out = torch.empty(array.shape, dtype=getattr(torch, np.dtype(array.dtype).name))
     out.numpy()[...] = array
     return out
+
+
+def stored_rows(vectors, rows, device) -> torch.Tensor:
+    """``vectors[rows]`` (a slice or an array of row numbers) as a tensor on ``device``: indexed where the stored
+    vectors are already a tensor there (:meth:`~.shardwise.ShardSearcher.stored_vectors`), else copied from the
+    array (:func:`aligned`)."""
+    if isinstance(vectors, torch.Tensor):
+        return vectors[rows if isinstance(rows, slice) else torch.from_numpy(rows).to(vectors.device)]
+    return aligned(vectors[rows]).to(device)
 
 
 def query_embs(embs, dim: int, qid) -> np.ndarray:

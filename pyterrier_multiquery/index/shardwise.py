@@ -10,10 +10,29 @@ from typing import List, Optional
 import numpy as np
 import pyterrier as pt
 
+from pyterrier_multiquery._extras import requires
+
 from pyterrier_multiquery.index.errors import CorruptIndexError
 from pyterrier_multiquery.index.exact import exact_top, max_vector_norm
 from pyterrier_multiquery.index.checks import ScoreCheck
 from pyterrier_multiquery.index.maxsim import aligned, rescore_candidates, score_documents
+
+with requires('dense'):
+    import torch
+
+
+#: Stored vectors copied to a GPU at once when it keeps them resident.
+RESIDENT_CHUNK = 1 << 20
+
+
+def fits_on_device(nbytes: int, device: str) -> bool:
+    """Whether stored vectors of ``nbytes`` stay resident on ``device`` between searches: on a GPU whose free memory
+    is at least twice their size (the other half left to the searches' working memory), never on the CPU, which
+    reads them from the memory-mapped file as the page cache allows."""
+    if not device.startswith('cuda'):
+        return False
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    return 2 * nbytes <= free
 
 
 class ShardSearcher:
@@ -37,6 +56,7 @@ class ShardSearcher:
         self.build_id = shard.payload()[0]['build_id'] if build_id is None else build_id
         self._stages = {}
         self._max_norm = {}
+        self._resident = {}
 
     def payload(self):
         """The shard's ``payload()``, checked to be of ``build_id``.
@@ -59,9 +79,25 @@ class ShardSearcher:
         queries'), as ``(scores, docids, counts)``."""
         payload = self.payload()
         check = ScoreCheck(qids, payload, self.shard.path)
+        vectors = self.stored_vectors(payload, settings['device'])
         return [(scores, docids + self.first, np.full(len(scores), scores.shape[1]))
-                for scores, docids in exact_top(queries, payload[1], payload[2], check=check,
+                for scores, docids in exact_top(queries, vectors, payload[2], check=check,
                                                 max_norm=self.max_norm(payload), **settings)]
+
+    def stored_vectors(self, payload, device: str):
+        """The shard's stored vectors for a search on ``device``: the memory-mapped array (read a block at a time),
+        or, on a GPU whose free memory holds them twice over, a copy there, made at the first search and kept
+        while the shard is unchanged (:func:`fits_on_device`)."""
+        vectors = payload[1]
+        if not fits_on_device(vectors.nbytes, device):
+            return vectors
+        if device not in self._resident or self._resident[device][0] is not payload[0]:
+            self._resident.pop(device, None)  # the copy of an earlier build goes before its successor comes
+            resident = torch.empty(vectors.shape, dtype=getattr(torch, vectors.dtype.name), device=device)
+            for start in range(0, len(vectors), RESIDENT_CHUNK):
+                resident[start:start + RESIDENT_CHUNK] = aligned(vectors[start:start + RESIDENT_CHUNK]).to(device)
+            self._resident[device] = (payload[0], resident)
+        return self._resident[device][1]
 
     def max_norm(self, payload) -> float:
         """The largest norm of the shard's stored vectors: its ``max_norm``, or computed once for an index built
@@ -92,8 +128,9 @@ class ShardSearcher:
         payload = self.payload()
         check = ScoreCheck(qids, payload, self.shard.path)
         return [(scores, np.where(docids >= 0, docids + self.first, -1), counts)
-                for scores, docids, counts in rescore_candidates(queries, batches, payload[1], payload[2], check=check,
-                                                                 **settings)]
+                for scores, docids, counts in rescore_candidates(queries, batches,
+                                                                 self.stored_vectors(payload, settings['device']),
+                                                                 payload[2], check=check, **settings)]
 
     def mean(self, query_vecs: np.ndarray, *, num_results: int, normalise: bool, verbose: bool = False) -> list:
         """Each query's top documents by the inner product of the mean vectors (as :class:`~.mean.MeanRetriever`,
@@ -118,7 +155,8 @@ class ShardSearcher:
             For each query, ``(held, scores)``: which of its docnos the shard holds, and their scores.
         """
         payload = self.payload()
-        _, vectors, offsets, lookup = payload
+        _, _, offsets, lookup = payload
+        vectors = self.stored_vectors(payload, device)
         check = ScoreCheck(qids, payload, self.shard.path)
         pairs = zip(queries, docnos)
         if label is not None:
