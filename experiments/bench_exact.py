@@ -168,18 +168,24 @@ def recall(found, reference) -> float:
     return float(np.mean([len(set(f) & set(r)) / K for f, r in zip(found, reference)]))
 
 
-def run_workload(name: str, args, work: Path) -> dict:
-    """Builds (or reopens) the workload's index, times both systems interleaved, returns the table's row."""
+def workload(name: str, work: Path, data_root: Path):
+    """The workload's index in ``work`` (built there, with its queries' file, unless an earlier run did) and its
+    queries."""
     path = work / name
     index = MultiVectorIndex(path, verbose=False)
     queries_file = work / f'{name}.queries.npy'
     if not index.built() or not queries_file.exists():
-        docs, queries = minilm_tokens(args.data_root) if name == 'minilm-scifact' else synthetic(name)
+        docs, queries = minilm_tokens(data_root) if name == 'minilm-scifact' else synthetic(name)
         if name == 'minilm-scifact':  # queries of equal length for the einsum reference: the first 8 tokens
             queries = [np.resize(q, (8, q.shape[1])) for q in queries]
         MultiVectorIndex(path, verbose=True).indexer(overwrite=True).index(docs)
         np.save(queries_file, np.stack(queries))
-    queries = list(np.load(queries_file))
+    return index, list(np.load(queries_file))
+
+
+def run_workload(name: str, args, work: Path) -> dict:
+    """Builds (or reopens) the workload's index, times both systems interleaved, returns the table's row."""
+    index, queries = workload(name, work, args.data_root)
     meta, vectors, offsets, _ = index.payload()
     torch.set_num_threads(args.threads)
     systems = {'index exact': IndexExact(index, queries, args.threads),
