@@ -2,7 +2,7 @@
 
     python experiments/bench_index.py [--docs 20000 100000] [--vectors 8 --dim 128 --queries 200 --repeats 5]
                                       [--threads N] [--dtype float32|float16] [--stages flat ivf ivf+SQ8 [ivf+PQ16]]
-                                      [--candidates 16 32 64 128 256 512] [--pylate-python /venv/bin/python]
+                                      [--candidates 16 32 64 128 256 512]
     python experiments/bench_index.py --scale [--docs 1000000]  # the streamed run: float16, 512 to 8192 candidates
 
 The workload is pyterrier_multiquery.experiment.clustered_collection.clustered_collection (vectors around topic
@@ -20,7 +20,7 @@ Systems, all on the CPU, all returning each query's top 10:
 - reference approx <stage> c: the same FAISS index file and search (``nprobe`` 32), hits mapped to documents by
   ``searchsorted``, ``np.unique`` per query, then one padded (queries x candidates x vectors) ``bmm`` re-score
   (in chunks of queries whose gathered vectors fit in 256 MiB) and ``topk``.
-- PyLate PLAID (with --pylate-python: PyLate pins its own torch, see experiments/bench_pylate_worker.py).
+(The field's engines, at matched recall: experiments/bench_peers.py.)
 
 Timing: every system runs once to warm up (loads files and FAISS; its top 10 gives recall), then ``--repeats``
 rounds, each running every system once in a fixed order (interleaved, so that drift in the machine's load touches
@@ -323,20 +323,6 @@ def run_probe(job: dict) -> None:
     print(json.dumps([memory.rss_rise, memory.anon_rise]))
 
 
-def run_pylate(args, index, queries, exact, work: Path) -> list:
-    """PyLate's rows from experiments/bench_pylate_worker.py, run by --pylate-python (its own process)."""
-    np.save(work / 'queries.npy', np.stack(queries))
-    (work / 'reference.json').write_text(json.dumps({f'q{i}': [int(d) for d in e] for i, e in enumerate(exact)}))
-    worker = Path(__file__).parent / 'bench_pylate_worker.py'
-    result = subprocess.run([args.pylate_python, str(worker), str(index.path), str(work / 'queries.npy'),
-                             str(work / 'reference.json'), str(work / 'pylate'), str(args.repeats),
-                             str(args.threads)], capture_output=True, text=True)
-    if result.returncode != 0:
-        print(result.stderr[-3000:], file=sys.stderr)
-        return [{'system': 'PyLate PLAID (failed: see stderr)'}]
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 def row(s: dict, seconds: list, queries: int, reference: list, found, exact, build_s, bytes_per_vector, memory):
     median = float(np.median(seconds))
     return {'system': s['system'], 'candidates': '' if s['candidates'] is None else str(s['candidates']),
@@ -344,18 +330,6 @@ def row(s: dict, seconds: list, queries: int, reference: list, found, exact, bui
             'QPS': queries / median, 'x reference': float(np.median(reference)) / median,
             'recall@10': recall(found[:len(exact)], exact), 'build s': build_s, 'bytes/vector': bytes_per_vector,
             'peak RSS rise MiB': memory[0], 'peak anon rise MiB': memory[1], 'rounds s': list(seconds)}
-
-
-def pylate_rows(rows: list, queries: int, reference: pd.Series) -> list:
-    """The worker's rows in the table's columns, "x reference" against the operating point's reference approx."""
-    out = []
-    for r in rows:
-        if 'rounds s' in r:
-            median = float(np.median(r['rounds s']))
-            r = {**r, 'queries': queries, 'median s': median, 'min s': min(r['rounds s']),
-                 'max s': max(r['rounds s']), 'QPS': queries / median, 'x reference': reference['median s'] / median}
-        out.append(r)
-    return out
 
 
 def verdict(docs: int, table: pd.DataFrame) -> dict:
@@ -413,10 +387,7 @@ def bench_size(docs: int, args, work: Path) -> tuple:
                         memory[json.dumps(same_stage[0])]))
     table = pd.DataFrame(rows)
     result = verdict(docs, table)
-    reference = result.pop('reference')
-    if args.pylate_python:
-        table = pd.concat([table, pd.DataFrame(pylate_rows(run_pylate(args, index, queries, exact, work),
-                                                           len(queries), reference))])
+    result.pop('reference')  # a row of the table, not a verdict
     builds = {'docs': str(docs), 'vectors': vec_count, 'index build s': build_s,
               'index build peak anon MiB': build_anon, 'index bytes/vector': base / vec_count,
               **{f'{st} build s': b[0] for st, b in stage_builds.items()},
@@ -480,7 +451,6 @@ def main():
     parser.add_argument('--scale', action='store_true', help='the large streamed run (see above)')
     parser.add_argument('--exact-queries', type=int, help='queries searched exactly (default all; 32 with --scale)')
     parser.add_argument('--no-memory', dest='memory', action='store_false', help='skip the memory subprocesses')
-    parser.add_argument('--pylate-python', help='a Python interpreter with PyLate installed')
     parser.add_argument('--work-dir', type=Path, help='where indexes are built (default: a temporary folder)')
     parser.add_argument('--out', type=Path, default=RESULTS / 'bench_index')
     parser.add_argument('--seed', type=int, default=0)

@@ -1,5 +1,5 @@
-"""One engine's side of experiments/bench_peers.py (and bench_index.py's PyLate rows), run in a fresh process by a
-Python that has the engine: PyLate pins its own torch and fast-plaid, so each engine lives in its own venv.
+"""One engine's side of experiments/bench_peers.py, run in a fresh process by a Python that has the engine:
+PyLate pins its own torch and fast-plaid, so each engine lives in its own venv.
 
     python bench_peer_worker.py JOB.json
 

@@ -3,7 +3,7 @@ item).
 
     python experiments/bench_peers.py --fast-plaid-python /venv-fp/bin/python --pylate-python /venv-pylate/bin/python
                                       [--workloads clustered-100k clustered-1000k minilm-scifact] [--threads 2]
-                                      [--repeats 3] [--work-dir /tmp/bench_exact] [--data-root ../shared/data]
+                                      [--engines index fast-plaid ...] [--repeats 3] [--work-dir /tmp/bench_exact]
 
 Workloads are bench_exact.py's (their indexes and queries are reused from ``--work-dir`` where an earlier run wrote
 them): clustered-<n> (n documents of 8 vectors x 128 dims around 2,000 centres, 200 queries of 8 vectors) and
@@ -30,7 +30,8 @@ alike; index exact's is the opening of the index). Index MiB: the engine's files
 alone). Build and search peak RSS: the worker process's peak resident memory (VmHWM, reset before each phase) while
 it builds and while it searches (all settings of the build), the interpreter, torch and the pages of memory-mapped
 files read included; "baseline RSS MiB" is the worker's before its build, with torch imported.
-Writes experiments/results/bench_peers.{md,json,png}.
+Writes experiments/results/bench_peers.{md,json,png} after each workload; ``--rows`` writes them from the rows a run
+logged (rows.jsonl in its temporary folder), for a run cut short.
 """
 import argparse
 import json
@@ -120,7 +121,7 @@ def run_workload(name: str, args, pythons: dict, work: Path) -> list:
     reference_file.write_text(json.dumps(reference_top(index, queries, args.threads)))
     rows = []
     for python, engine, build, searches in plans(name):
-        if python not in pythons:
+        if python not in pythons or (args.engines and engine not in args.engines):
             continue
         job = {'engine': engine, 'index': str(index.path), 'queries': str(queries_file),
                'reference': str(reference_file), 'work': str(work / name), 'threads': args.threads,
@@ -186,35 +187,48 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--workloads', nargs='+', default=['clustered-100k', MILLION, 'minilm-scifact'])
     parser.add_argument('--fast-plaid-python', help='a Python with fast-plaid 1.7 and muvera-python')
-    parser.add_argument('--pylate-python', help='a Python with PyLate 1.6 and voyager')
+    parser.add_argument('--pylate-python', help='a Python with PyLate 1.6 and voyager 2.0.9 (2.2 refuses the list '
+                        "of rows PyLate's Voyager index adds)")
+    parser.add_argument('--engines', nargs='+', help='only these engines (default: all whose Python is given)')
     parser.add_argument('--threads', type=int, default=torch.get_num_threads())
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--work-dir', type=Path, default=Path('/tmp/bench_exact'))
     parser.add_argument('--data-root', type=Path, default=Path(__file__).parents[1] / '..' / 'shared' / 'data')
     parser.add_argument('--out', type=Path, default=RESULTS / 'bench_peers')
+    parser.add_argument('--rows', type=Path, help='only write the report of the rows a run logged (its rows.jsonl)')
     args = parser.parse_args()
+    started = time.perf_counter()
+    if args.rows:
+        report([json.loads(line) for line in args.rows.read_text().splitlines()], args, started)
+        return
     pythons = {'index': sys.executable, 'fast-plaid': args.fast_plaid_python, 'pylate': args.pylate_python}
     pythons = {key: value for key, value in pythons.items() if value}
-    started = time.perf_counter()
     args.work_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as work:
         rows = []
         for name in args.workloads:
             print(name, flush=True)
             rows += run_workload(name, args, pythons, Path(work))
+            report(rows, args, started)  # after each workload: a run cut short keeps the finished ones
+    print(args.out.with_suffix('.md').read_text())
+
+
+def report(rows: list, args, started: float) -> None:
+    """Writes the tables and the plot of ``rows`` to ``args.out`` (.md, .json, .png)."""
     table, matched = tables(rows)
     cpu = next((line.split(':', 1)[1].strip() for line in Path('/proc/cpuinfo').read_text().splitlines()
                 if line.startswith('model name')), platform.processor())
     failed = [f"{r['engine']} {r['build']} on {r['workload']}: {r['failed']}" for r in rows if 'failed' in r]
     text = (f'Machine: {os.cpu_count()} CPUs ({cpu}), {args.threads} threads, load average {os.getloadavg()[0]:.2f} '
-            f'at the end; torch {torch.__version__} (the index). The run took {time.perf_counter() - started:.0f} s. '
+            f'at the end; torch {torch.__version__} (the index). ' + (
+                f'Written from the rows a run logged ({args.rows}). ' if args.rows else
+                f'Written {time.perf_counter() - started:.0f} s after the run started. ') +
             f'Command: `python experiments/bench_peers.py {" ".join(sys.argv[1:])}`.'
             + (f'\n\nFailed builds: {"; ".join(failed)}' if failed else '') + '\n\n' + __doc__.split('\n\n', 2)[2])
     write_report(args.out, "The index against the field's multi-vector engines at matched recall", text,
                  {'At matched recall@10': matched, 'Every setting': table}, floatfmt='.4g',
                  extra={'rows': rows})
     plot(table, args.out)
-    print(args.out.with_suffix('.md').read_text())
 
 
 if __name__ == '__main__':

@@ -1,0 +1,63 @@
+"""experiments/bench_peers.py: queries/s at matched recall worked out by hand, and a tiny run of the index's own
+engine through the worker process (the peers' venvs are not on a test machine) writes the report."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip('faiss')
+pytest.importorskip('tabulate')
+
+EXPERIMENTS = Path(__file__).parents[1] / 'experiments'
+
+
+@pytest.fixture(scope='module')
+def bench():
+    sys.path.insert(0, str(EXPERIMENTS))  # the script imports bench_exact, as when run from experiments/
+    spec = importlib.util.spec_from_file_location('bench_peers', EXPERIMENTS / 'bench_peers.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    sys.path.remove(str(EXPERIMENTS))
+
+
+def row(engine, build, search, seconds, recall, **extra):
+    return {'workload': 'w', 'queries': 100, 'engine': engine, 'build': build, 'search': search,
+            'rounds s': seconds, 'recall@10': recall, 'build s': 1.0, 'index bytes': 2 ** 20,
+            'build peak RSS MiB': 1.0, 'search peak RSS MiB': 2.0, 'baseline RSS MiB': 0.5, **extra}
+
+
+def test_matched_recall_takes_the_fastest_setting_that_reaches_it(bench):
+    rows = [row('index', {'ann': True}, {'exact': False, 'candidates': 16}, [0.1, 0.2, 0.3], 0.96),   # 500 q/s
+            row('index', {'ann': True}, {'exact': False, 'candidates': 64}, [0.25, 0.25, 0.25], 0.995),  # 400
+            row('fast-plaid', {'nbits': 8}, {'n_ivf_probe': 8}, [1.0], 0.97),                          # 100
+            row('fast-plaid', {'nbits': 8}, {'n_ivf_probe': 32}, [0.5], 0.94),                         # 200
+            row('fast-plaid', {'nbits': 8}, {'n_ivf_probe': 64}, [2.0], 0.98)]                         # 50
+    table, matched = bench.tables(rows)
+    assert list(table['QPS']) == pytest.approx([500, 400, 100, 200, 50])
+    ours, theirs = matched.iloc[0], matched.iloc[1]
+    assert (ours['system'], theirs['system']) == ('index approx', 'fast-plaid (nbits=8)')
+    assert (ours['QPS at 0.95'], ours['setting at 0.95']) == (pytest.approx(500), 'candidates=16')
+    assert (ours['QPS at 0.99'], ours['setting at 0.99']) == (pytest.approx(400), 'candidates=64')
+    assert (theirs['QPS at 0.95'], theirs['setting at 0.95']) == (pytest.approx(100), 'n_ivf_probe=8')
+    assert theirs['setting at 0.99'] == 'not reached' and theirs['QPS at 0.99'] != theirs['QPS at 0.99']  # NaN
+    assert theirs['index / peer at 0.95'] == pytest.approx(5.0)
+    assert theirs['best recall@10'] == 0.98
+
+
+def test_tiny_run_of_the_index_engine_writes_the_report(bench, tmp_path, monkeypatch):
+    out = tmp_path / 'report'
+    monkeypatch.setattr(bench, 'CANDIDATES', [4, 64])
+    monkeypatch.setattr(sys, 'argv', ['bench_peers.py', '--workloads', 'clustered-1k', '--threads', '1',
+                                      '--repeats', '2', '--work-dir', str(tmp_path / 'work'), '--out', str(out)])
+    bench.main()
+    report = json.loads(out.with_suffix('.json').read_text())
+    settings = report['tables']['Every setting']
+    assert [(r['system'], r['setting']) for r in settings] == [
+        ('index exact', ''), ('index approx', f"calibrated ({report['rows'][1]['calibrated candidates'] or 'exact'})"),
+        ('index approx', 'candidates=4'), ('index approx', 'candidates=64')]
+    assert settings[0]['recall@10'] == 1.0 and 0 < settings[2]['recall@10'] <= settings[3]['recall@10'] <= 1
+    assert all(len(r['rounds s']) == 2 for r in report['rows'])
+    assert out.with_suffix('.png').exists()
