@@ -16,7 +16,6 @@ and its RSS before the first build, with torch imported ("baseline RSS MiB").
 """
 import gc
 import json
-import os
 import shutil
 import sys
 import time
@@ -206,7 +205,6 @@ def main(job_file):
     job = json.loads(Path(job_file).read_text())
     import torch
     torch.set_num_threads(job['threads'])
-    os.environ.setdefault('OMP_NUM_THREADS', str(job['threads']))
     vectors, offsets, dim = read_index(Path(job['index']))
     queries = np.load(job['queries']).astype(np.float32)
     reference = json.loads(Path(job['reference']).read_text())

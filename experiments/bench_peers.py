@@ -119,7 +119,7 @@ def run_workload(name: str, args, pythons: dict, work: Path) -> list:
     queries_file, reference_file = work / f'{name}.queries.npy', work / f'{name}.reference.json'
     np.save(queries_file, np.stack(queries))
     reference_file.write_text(json.dumps(reference_top(index, queries, args.threads)))
-    rows = []
+    rows, documents = [], index.payload()[0]['doc_count']
     for python, engine, build, searches in plans(name):
         if python not in pythons or (args.engines and engine not in args.engines):
             continue
@@ -127,7 +127,7 @@ def run_workload(name: str, args, pythons: dict, work: Path) -> list:
                'reference': str(reference_file), 'work': str(work / name), 'threads': args.threads,
                'repeats': args.repeats, 'builds': [{'build': build, 'searches': searches}]}
         for row in run_build(pythons[python], job, work):
-            row.update(workload=name, documents=len(np.diff(index.payload()[2])), queries=len(queries))
+            row.update(workload=name, documents=documents, queries=len(queries))
             rows.append(row)
             with open(work / 'rows.jsonl', 'a') as log:
                 log.write(json.dumps(row) + '\n')

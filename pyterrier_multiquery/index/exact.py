@@ -162,12 +162,17 @@ class ScreenedBatch:
         keep = scores.double() >= self.floor()[rows]
         return rows[keep], docids[keep], scores[keep]
 
-    def candidates(self) -> List[np.ndarray]:
-        """Each query's documents that may belong to its top ``k``, ascending (all documents screened)."""
+    def candidates(self) -> np.ndarray:
+        """Each query's documents that may belong to its top ``k`` (all documents screened): a row each, ascending,
+        -1 padded."""
         rows, docids, _ = self._pooled()
         rows, docids = rows.cpu().numpy(), docids.cpu().numpy()
         order = np.lexsort((docids, rows))
-        return np.split(docids[order], np.searchsorted(rows[order], np.arange(1, len(self.top))))
+        rows, docids = rows[order], docids[order]
+        counts = np.bincount(rows, minlength=len(self.top))
+        padded = np.full((len(self.top), counts.max()), -1, dtype=np.int64)
+        padded[rows, np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)] = docids
+        return padded
 
 
 def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_results: int, aggregate: str,
@@ -193,8 +198,8 @@ def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_re
     batches = [ScreenedBatch(queries[start:start + batch_size], k=num_results, aggregate=aggregate,
                              max_norm=max_norm, device=device, dtype=dtype)
                for start in range(0, len(queries), batch_size)]
-    itemsize = torch.empty(0, dtype=dtype).element_size()
-    tile_vectors = [max(1, tile_bytes // (itemsize * (batch.vector_count + vectors.shape[1]))) for batch in batches]
+    tile_vectors = [max(1, tile_bytes // (dtype.itemsize * (batch.vector_count + vectors.shape[1])))
+                    for batch in batches]
     blocks = document_blocks(offsets, block_vectors)
     if label is not None:
         blocks = pt.tqdm(blocks, desc=label, unit='block')
@@ -208,12 +213,9 @@ def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_re
             batch.add(screened, first)
     results = []
     for i, batch in enumerate(batches):
-        candidates = batch.candidates()
-        docids = np.full((len(candidates), max(len(c) for c in candidates)), -1, dtype=np.int64)
-        for row, found in enumerate(candidates):
-            docids[row, :len(found)] = found
+        docids = batch.candidates()
         start = i * batch_size
-        scores, docids, _ = rescore_candidates(queries, [(start, start + len(candidates), docids)], vectors, offsets,
+        scores, docids, _ = rescore_candidates(queries, [(start, start + len(docids), docids)], vectors, offsets,
                                                num_results=num_results, aggregate=aggregate, tile_bytes=tile_bytes,
                                                device=device, check=check, dtype=torch.float64)[0]
         keep = min(num_results, len(offsets) - 1)  # every query has at least this many candidates

@@ -257,7 +257,6 @@ def rescore_candidates(queries: List[np.ndarray], batches, vectors, offsets: np.
         ties by docid, of which the first ``counts`` are results (-inf and -1 beyond).
     """
     lengths = np.diff(offsets)
-    itemsize = torch.empty(0, dtype=dtype).element_size()
     if label is not None:
         batches = pt.tqdm(batches, desc=label, unit='batch')
     results = []
@@ -270,7 +269,7 @@ def rescore_candidates(queries: List[np.ndarray], batches, vectors, offsets: np.
                                                 aggregate, device, check, start + first))
                 continue
             run = docids[first:last]
-            per_query = itemsize * run.shape[1] * _widest(run, lengths) * vectors.shape[1]
+            per_query = dtype.itemsize * run.shape[1] * _widest(run, lengths) * vectors.shape[1]
             step = max(1, tile_bytes // max(1, per_query))  # as many queries as fit in a tile, at least one
             for a in range(first, last, step):
                 chunk = docids[a:min(last, a + step)]

@@ -89,15 +89,16 @@ class ShardSearcher:
         or, on a GPU whose free memory holds them twice over, a copy there, made at the first search and kept
         while the shard is unchanged (:func:`fits_on_device`)."""
         vectors = payload[1]
-        if not fits_on_device(vectors.nbytes, device):
+        if device in self._resident and self._resident[device][0] is payload[0]:
+            return self._resident[device][1]
+        self._resident.pop(device, None)  # the copy of an earlier build goes before its successor comes
+        if not fits_on_device(vectors.nbytes, device):  # asked before a copy only: the copy takes free memory
             return vectors
-        if device not in self._resident or self._resident[device][0] is not payload[0]:
-            self._resident.pop(device, None)  # the copy of an earlier build goes before its successor comes
-            resident = torch.empty(vectors.shape, dtype=getattr(torch, vectors.dtype.name), device=device)
-            for start in range(0, len(vectors), RESIDENT_CHUNK):
-                resident[start:start + RESIDENT_CHUNK] = aligned(vectors[start:start + RESIDENT_CHUNK]).to(device)
-            self._resident[device] = (payload[0], resident)
-        return self._resident[device][1]
+        resident = torch.empty(vectors.shape, dtype=getattr(torch, vectors.dtype.name), device=device)
+        for start in range(0, len(vectors), RESIDENT_CHUNK):
+            resident[start:start + RESIDENT_CHUNK] = aligned(vectors[start:start + RESIDENT_CHUNK]).to(device)
+        self._resident[device] = (payload[0], resident)
+        return resident
 
     def max_norm(self, payload) -> float:
         """The largest norm of the shard's stored vectors: its ``max_norm``, or computed once for an index built
