@@ -5,20 +5,29 @@ PyLate pins its own torch and fast-plaid, so each engine lives in its own venv.
 
 JOB.json: ``engine`` (index, fast-plaid, pylate-plaid, pylate-voyager or muvera), ``index`` (a MultiVectorIndex
 folder: its vectors are read with numpy alone, docids 0..n-1 in order), ``queries`` (.npy of equal-length queries),
-``reference`` (.json: qid q<i> to its exact top 10 docids), ``work`` (a folder for the engine's index), ``threads``,
-``repeats``, and ``builds``: a list of ``{"build": {...}, "searches": [{...}, ...]}``, the engine's build and
-search parameters. For each build: the build is timed, each search setting runs once (its top 10 gives recall@10
-against the reference), then ``repeats`` rounds each run every setting once (interleaved). Prints one JSON list of
-rows as the last line: engine, build, search, "rounds s", recall@10, "build s", "index bytes", and the process's
-peak resident memory (VmHWM, reset before each phase) during the build and during the searches ("build peak RSS
-MiB", "search peak RSS MiB": the interpreter and its libraries included, and the pages of memory-mapped files read),
-and its RSS before the first build, with torch imported ("baseline RSS MiB").
+``reference`` (.json: qid q<i> to its exact top 10 docids), ``work`` (a folder for the peers' built indexes),
+``threads``, ``repeats``, ``reuse`` (whether a peer's earlier build may be reopened), and ``builds``: a list of
+``{"build": {...}, "searches": [{...}, ...]}``, the engine's build and search parameters. For each build: the build
+is timed, each search setting runs once (its top 10 gives recall@10 against the reference), then ``repeats`` rounds
+each run every setting once (interleaved). Prints one JSON list of rows as the last line: engine, build, search,
+"rounds s", recall@10, "build s", "index bytes", and the process's peak resident memory (VmHWM, reset before each
+phase) during the build and during the searches ("build peak RSS MiB", "search peak RSS MiB": the interpreter and
+its libraries included, and the pages of memory-mapped files read), and its RSS before the first build, with torch
+imported ("baseline RSS MiB").
+
+A peer's build lands in a folder of ``work`` named by a hash of what made it (engine, its version, the build
+parameters, the stored vectors' checksums, threads); its record (build.json: build s, build peak RSS MiB, the time
+it was built) is written last, by rename, so a folder without one is an unfinished build and is built again. With
+``reuse``, a build whose record exists is reopened and its row carries the record's figures and "built at" (a
+million documents take fast-plaid 80 minutes on 2 threads); the index's own FAISS stage is always built anew.
 """
 import gc
+import hashlib
 import json
 import shutil
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -60,14 +69,15 @@ def documents(vectors, offsets) -> list:
 class FastPlaid:
     """fast-plaid: PLAID with ``nbits`` residual codes; searches by ``n_ivf_probe`` and ``n_full_scores``."""
 
-    def __init__(self, job, vectors, offsets, dim, build):
+    package = 'fast-plaid'
+
+    def __init__(self, folder, vectors, offsets, dim, build, built):
         import torch
         from fast_plaid import search
-        folder = Path(job['work']) / f"fast-plaid-{build['nbits']}"
-        shutil.rmtree(folder, ignore_errors=True)
-        self.engine = search.FastPlaid(index=str(folder), device='cpu')
-        self.engine.create(documents_embeddings=[torch.from_numpy(d) for d in documents(vectors, offsets)], **build)
-        self.folder = folder
+        self.engine, self.folder = search.FastPlaid(index=str(folder), device='cpu'), folder
+        if not built:
+            self.engine.create(documents_embeddings=[torch.from_numpy(d) for d in documents(vectors, offsets)],
+                               **build)
 
     def search(self, queries, setting):
         import torch
@@ -80,15 +90,16 @@ class PylatePlaid:
     """PyLate's PLAID index (fast-plaid underneath) with ``nbits`` codes; searches by ``n_ivf_probe`` and
     ``n_full_scores`` (constructor arguments of an index object reopened on the same folder)."""
 
-    def __init__(self, job, vectors, offsets, dim, build):
+    package = 'pylate'
+
+    def __init__(self, folder, vectors, offsets, dim, build, built):
         from pylate import indexes
-        self.folder = Path(job['work']) / f"pylate-{build['nbits']}"
-        shutil.rmtree(self.folder, ignore_errors=True)
-        plaid = indexes.PLAID(index_folder=str(self.folder), index_name='plaid', override=True, show_progress=False,
-                              device='cpu', **build)
-        plaid.add_documents(documents_ids=[str(i) for i in range(len(offsets) - 1)],
-                            documents_embeddings=documents(vectors, offsets))
-        self.build, self.retrievers = build, {}
+        if not built:
+            plaid = indexes.PLAID(index_folder=str(folder), index_name='plaid', override=True, show_progress=False,
+                                  device='cpu', **build)
+            plaid.add_documents(documents_ids=[str(i) for i in range(len(offsets) - 1)],
+                                documents_embeddings=documents(vectors, offsets))
+        self.folder, self.build, self.retrievers = folder, build, {}
 
     def search(self, queries, setting):
         from pylate import indexes, retrieve
@@ -105,15 +116,16 @@ class PylateVoyager:
     """PyLate's Voyager (HNSW over every stored vector, ``M`` and ``ef_construction``); searches take ``k_token``
     neighbours of each query vector (``ef_search`` of the reopened index) and re-score their documents."""
 
-    def __init__(self, job, vectors, offsets, dim, build):
+    package = 'pylate'
+
+    def __init__(self, folder, vectors, offsets, dim, build, built):
         from pylate import indexes
-        self.folder = Path(job['work']) / 'voyager'
-        shutil.rmtree(self.folder, ignore_errors=True)
-        voyager = indexes.Voyager(index_folder=str(self.folder), index_name='voyager', override=True,
-                                  embedding_size=dim, **build)
-        voyager.add_documents(documents_ids=[str(i) for i in range(len(offsets) - 1)],
-                              documents_embeddings=documents(vectors, offsets))
-        self.build, self.dim, self.retrievers = build, dim, {}
+        if not built:
+            voyager = indexes.Voyager(index_folder=str(folder), index_name='voyager', override=True,
+                                      embedding_size=dim, **build)
+            voyager.add_documents(documents_ids=[str(i) for i in range(len(offsets) - 1)],
+                                  documents_embeddings=documents(vectors, offsets))
+        self.folder, self.build, self.dim, self.retrievers = folder, build, dim, {}
 
     def search(self, queries, setting):
         from pylate import indexes, retrieve
@@ -132,16 +144,17 @@ class Muvera:
     """MUVERA: each document's fixed-dimensional encoding (muvera-python, AMS-sketched), an exact inner-product
     search of the queries' encodings for ``rescore`` candidates, then exact MaxSim (float32) of those."""
 
-    def __init__(self, job, vectors, offsets, dim, build):
+    package = 'muvera-python'
+
+    def __init__(self, folder, vectors, offsets, dim, build, built):
         from muvera import Muvera as Encoder
         self.encoder = Encoder(dimension=dim, projection_type='ams_sketch', seed=42, **build)
-        docs = documents(vectors, offsets)
-        self.fdes = np.concatenate([self.encoder.encode_documents(docs[i:i + 4096])
-                                    for i in range(0, len(docs), 4096)]).astype(np.float32)
-        self.vectors, self.offsets = vectors, offsets
-        self.folder = Path(job['work']) / 'muvera.npy'
-        self.folder.parent.mkdir(parents=True, exist_ok=True)
-        np.save(self.folder, self.fdes)
+        if not built:
+            docs = documents(vectors, offsets)
+            np.save(folder / 'encodings.npy', np.concatenate([self.encoder.encode_documents(docs[i:i + 4096])
+                                                              for i in range(0, len(docs), 4096)]).astype(np.float32))
+        self.fdes = np.load(folder / 'encodings.npy')
+        self.folder, self.vectors, self.offsets = folder, vectors, offsets
 
     def search(self, queries, setting):
         import torch
@@ -165,7 +178,7 @@ class Index:
     """This project's MultiVectorIndex (run by the project's Python): its FAISS candidate stage built and its
     candidate count calibrated, both timed, for approximate searches; searches are retriever arguments."""
 
-    def __init__(self, job, vectors, offsets, dim, build):
+    def __init__(self, job, build):
         from pyterrier_multiquery.index import MultiVectorIndex
         from pyterrier_multiquery.index.ann import load_or_build
         from pyterrier_multiquery.index.calibration import calibrated
@@ -197,8 +210,36 @@ class Index:
         return [[int(d) for d in found[f'q{i}']] for i in range(len(queries))]
 
 
-ENGINES = {'index': Index, 'fast-plaid': FastPlaid, 'pylate-plaid': PylatePlaid, 'pylate-voyager': PylateVoyager,
-           'muvera': Muvera}
+PEERS = {'fast-plaid': FastPlaid, 'pylate-plaid': PylatePlaid, 'pylate-voyager': PylateVoyager, 'muvera': Muvera}
+
+
+def build_folder(job, build) -> Path:
+    """The folder of a peer's build, named by a hash of what made it."""
+    meta = json.loads((Path(job['index']) / 'pt_meta.json').read_text())
+    made_of = {'engine': job['engine'], 'version': version(PEERS[job['engine']].package), 'build': build,
+               'vectors': meta['sha256'], 'threads': job['threads']}
+    digest = hashlib.sha256(json.dumps(made_of, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(job['work']) / f"{job['engine']}-{digest}"
+
+
+def open_peer(job, vectors, offsets, dim, build):
+    """(engine, its record): a build reopened where ``job['reuse']`` and a finished one exists, else built anew and
+    timed (the record's build s and build peak RSS MiB, then written, by rename)."""
+    folder = build_folder(job, build)
+    record_file = folder / 'build.json'
+    if job.get('reuse') and record_file.exists():
+        record = json.loads(record_file.read_text())
+        return PEERS[job['engine']](folder, vectors, offsets, dim, build, built=True), record
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    start = time.perf_counter()
+    engine = PEERS[job['engine']](folder, vectors, offsets, dim, build, built=False)
+    record = {'build s': time.perf_counter() - start, 'build peak RSS MiB': memory_mib('VmHWM'),
+              'built at': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}
+    partial = folder / 'build.json.tmp'
+    partial.write_text(json.dumps(record))
+    partial.rename(record_file)
+    return engine, {key: value for key, value in record.items() if key != 'built at'}
 
 
 def main(job_file):
@@ -212,10 +253,12 @@ def main(job_file):
     for plan in job['builds']:
         gc.collect()
         reset_peak()
-        start = time.perf_counter()
-        engine = ENGINES[job['engine']](job, vectors, offsets, dim, plan['build'])
-        build_s = time.perf_counter() - start
-        build_peak = memory_mib('VmHWM')
+        if job['engine'] == 'index':
+            start = time.perf_counter()
+            engine = Index(job, plan['build'])
+            record = {'build s': time.perf_counter() - start, 'build peak RSS MiB': memory_mib('VmHWM')}
+        else:
+            engine, record = open_peer(job, vectors, offsets, dim, plan['build'])
         gc.collect()
         reset_peak()
         recalls = []
@@ -232,9 +275,8 @@ def main(job_file):
         extra = getattr(engine, 'extra', {})
         for setting, seconds, recall in zip(plan['searches'], rounds, recalls):
             rows.append({'engine': job['engine'], 'build': plan['build'], 'search': setting, 'rounds s': seconds,
-                         'recall@10': recall, 'build s': build_s, 'index bytes': folder_bytes(engine.folder),
-                         'build peak RSS MiB': build_peak, 'search peak RSS MiB': search_peak,
-                         'baseline RSS MiB': baseline, **extra})
+                         'recall@10': recall, 'index bytes': folder_bytes(engine.folder),
+                         'search peak RSS MiB': search_peak, 'baseline RSS MiB': baseline, **record, **extra})
     print(json.dumps(rows))
 
 

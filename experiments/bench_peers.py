@@ -124,8 +124,9 @@ def run_workload(name: str, args, pythons: dict, work: Path) -> list:
         if python not in pythons or (args.engines and engine not in args.engines):
             continue
         job = {'engine': engine, 'index': str(index.path), 'queries': str(queries_file),
-               'reference': str(reference_file), 'work': str(work / name), 'threads': args.threads,
-               'repeats': args.repeats, 'builds': [{'build': build, 'searches': searches}]}
+               'reference': str(reference_file), 'work': str(args.work_dir / 'peer-builds' / name),
+               'threads': args.threads, 'repeats': args.repeats, 'reuse': args.reuse_builds,
+               'builds': [{'build': build, 'searches': searches}]}
         for row in run_build(pythons[python], job, work):
             row.update(workload=name, documents=documents, queries=len(queries))
             rows.append(row)
@@ -140,7 +141,8 @@ def tables(rows: list):
         'workload': r['workload'], 'system': system_name(r), 'setting': setting_name(r),
         'QPS': r['queries'] / float(np.median(r['rounds s'])), 'recall@10': r['recall@10'], 'build s': r['build s'],
         'index MiB': r['index bytes'] / 2 ** 20, 'build peak RSS MiB': r['build peak RSS MiB'],
-        'search peak RSS MiB': r['search peak RSS MiB'], 'baseline RSS MiB': r['baseline RSS MiB']}
+        'search peak RSS MiB': r['search peak RSS MiB'], 'baseline RSS MiB': r['baseline RSS MiB'],
+        'built at': r.get('built at', 'this run')}
         for r in rows if 'rounds s' in r])
     matched = []
     for (name, system), group in table.groupby(['workload', 'system'], sort=False):
@@ -148,7 +150,7 @@ def tables(rows: list):
                  'build s': group['build s'].iloc[0], 'index MiB': group['index MiB'].iloc[0],
                  'build peak RSS MiB': group['build peak RSS MiB'].iloc[0],
                  'search peak RSS MiB': group['search peak RSS MiB'].iloc[0],
-                 'baseline RSS MiB': group['baseline RSS MiB'].iloc[0]}
+                 'baseline RSS MiB': group['baseline RSS MiB'].iloc[0], 'built at': group['built at'].iloc[0]}
         for target in (0.95, 0.99):
             reached = group[group['recall@10'] >= target]
             entry[f'QPS at {target}'] = reached['QPS'].max() if len(reached) else np.nan
@@ -194,6 +196,9 @@ def main():
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--work-dir', type=Path, default=Path('/tmp/bench_exact'))
     parser.add_argument('--data-root', type=Path, default=Path(__file__).parents[1] / '..' / 'shared' / 'data')
+    parser.add_argument('--reuse-builds', action='store_true',
+                        help="reopen a peer's earlier build of the same vectors, version and parameters (from "
+                        '--work-dir/peer-builds; its build time and memory are those recorded when it was built)')
     parser.add_argument('--out', type=Path, default=RESULTS / 'bench_peers')
     parser.add_argument('--rows', type=Path, help='only write the report of the rows a run logged (its rows.jsonl)')
     args = parser.parse_args()
