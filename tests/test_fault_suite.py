@@ -327,7 +327,7 @@ def test_readers_during_concurrent_overwrites_see_one_whole_build(tmp_path, faul
     query = pd.DataFrame({'qid': ['q'], 'query': 'x', 'query_embs': [np.ones((1, DIM), dtype=np.float32)]})
     opens, refused, deadline = 0, 0, time.monotonic() + 4
     try:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline or opens <= 10:  # a loaded machine opens fewer in the 4 s
             fault_cases()
             opens += 1
             index = MultiVectorIndex(path, verbose=False)
@@ -351,7 +351,7 @@ def test_readers_during_concurrent_overwrites_see_one_whole_build(tmp_path, faul
         stop.set()
         for writer in writers:
             writer.join(60)
-    assert opens > 10 and refused < opens
+    assert refused < opens
 
 
 KILLED_BUILD_DOCS = 4000

@@ -183,6 +183,28 @@ def test_a_faiss_file_of_another_index_is_refused(built, tmp_path):
         other.verify()
 
 
+@pytest.mark.parametrize('faiss_file', ['of the new build', 'none yet', 'gone when opened'])
+def test_a_faiss_stage_opened_for_a_replaced_build_says_so(tmp_path, monkeypatch, faiss_file):
+    """An overwrite lands between a search's open of the index and its open of the FAISS file: the new build's
+    FAISS file, none yet, or the file gone between the look and the open (the race of two overwriting processes).
+    Each is the replaced index, refused as such, not a FAISS file of another build nor a missing file."""
+    from pyterrier_multiquery.index import ann
+    index = MultiVectorIndex(tmp_path / 'index', verbose=False).index(tagged(1))
+    stale = index.payload()
+    MultiVectorIndex(index.path, verbose=False).indexer(overwrite=True).index(tagged(2))
+    if faiss_file == 'of the new build':
+        ann.load_or_build(index, 'flat', verbose=False)
+    elif faiss_file == 'gone when opened':
+        ann.load_or_build(index, 'flat', verbose=False)
+
+        def vanished(path, *args):
+            raise FileNotFoundError(path)
+        monkeypatch.setattr(ann, 'open', vanished, raising=False)
+    with pytest.raises(CorruptIndexError, match='replaced by another build while this search opened it'):
+        ann.load_or_build(index, 'flat', verbose=False, payload=stale)
+    assert [f.name for f in index.path.glob('*.faiss')] == (['ann.Flat.faiss'] if faiss_file != 'none yet' else [])
+
+
 @pytest.mark.parametrize('change, match', [
     (lambda meta: {**meta, 'shards': ['shard-000'] * 3, 'shard_build_ids': meta['shard_build_ids'][:1] * 3},
      "shard-000' more than once"),

@@ -79,7 +79,8 @@ def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, 
         The CPU :class:`faiss.Index` (inner-product metric).
 
     Raises:
-        CorruptIndexError: If the FAISS file was made from another build, or changed since it was written.
+        CorruptIndexError: If the FAISS file was made from another build, or changed since it was written, or the
+            index was replaced by another build since ``payload``.
     """
     with requires('dense'):
         import faiss
@@ -87,7 +88,7 @@ def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, 
     meta, vectors, offsets, docnos = payload or index.payload()
     factory = faiss_factory(kind, quantizer, meta['vec_count'])
     path = ann_file(index, kind, quantizer, payload=(meta, vectors, offsets, docnos))
-    if path.exists():
+    try:
         with open(path, 'rb') as f:
             size = check_ann_file(f, meta['build_id'], path)
             f.seek(0)
@@ -96,6 +97,13 @@ def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, 
             except RuntimeError as e:
                 raise CorruptIndexError(f'FAISS file {str(path)!r} cannot be read (delete it to rebuild): '
                                         f'{e}') from None
+    except (FileNotFoundError, CorruptIndexError):
+        # the folder now holds another build (its FAISS file, or none yet): that, not the file, is the news
+        if index.payload()[0]['build_id'] != meta['build_id']:
+            raise CorruptIndexError(f'the index at {str(index.path)!r} was replaced by another build while this '
+                                    'search opened it; search again') from None
+        if path.exists():
+            raise
     remove_stale(path.parent, f'.{path.name}.tmp-')  # left by builds that were killed
     ann = faiss.index_factory(meta['dim'], factory, faiss.METRIC_INNER_PRODUCT)
     if not ann.is_trained:
