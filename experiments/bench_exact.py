@@ -23,7 +23,8 @@ Systems, all on the same threads, each returning each query's top 10 by MaxSim (
   the candidate count the index calibrates on its own documents (:mod:`pyterrier_multiquery.index.calibration`;
   exact search where that is faster). The FAISS build and the calibration are timed once, apart, before the rounds
   (an earlier run's FAISS file and calibration are removed first); recall@10 is against index exact's top 10 on
-  the workload's queries, which the calibration never saw.
+  the workload's queries, which the calibration never saw. "ANN build peak RSS MiB": the process's peak resident
+  memory (VmHWM, reset before the FAISS build) while it builds and calibrates.
 Timing: one warm-up run each (its top 10 gives recall against the others), then ``--repeats`` interleaved rounds;
 medians. GFLOP/s counts the useful products only (2 x query vectors x stored vectors x dims, padding not counted);
 "% of peak" divides by the higher of two float32 peaks, each the median of 5 4096^3 matmuls on the same threads,
@@ -41,6 +42,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from bench_peer_worker import memory_mib, reset_peak
 from pyterrier_multiquery.experiment.clustered_collection import clustered_collection
 from pyterrier_multiquery.experiment.evaluation import write_report
 from pyterrier_multiquery.index import MultiVectorIndex
@@ -156,12 +158,14 @@ class IndexCalibrated(IndexExact):
         for old in [*index.path.glob('ann.*.faiss'), *index.path.glob('calibration.*')]:   # an earlier run's:
             old.unlink()                                                                 # built again, timed
         torch.set_num_threads(threads)
+        reset_peak()
         start = time.perf_counter()
         load_or_build(index, 'ivf', verbose=False)
         self.build_s = time.perf_counter() - start
         start = time.perf_counter()
         self.calibration = calibrated(self.retriever)
         self.calibration_s = time.perf_counter() - start
+        self.build_peak_mib = memory_mib('VmHWM')
 
 
 def recall(found, reference) -> float:
@@ -215,6 +219,7 @@ def run_workload(name: str, args, work: Path) -> dict:
     row['recall@10 approx vs exact'] = recall(tops['index approx'], tops['index exact'])
     row['ANN build s'] = calibrated.build_s
     row['calibration s'] = calibrated.calibration_s
+    row['ANN build peak RSS MiB'] = calibrated.build_peak_mib
     row['calibration recall'] = calibrated.calibration.recall
     row['rounds s'] = seconds
     return row

@@ -6,14 +6,15 @@ PyLate pins its own torch and fast-plaid, so each engine lives in its own venv.
 JOB.json: ``engine`` (index, fast-plaid, pylate-plaid, pylate-voyager or muvera), ``index`` (a MultiVectorIndex
 folder: its vectors are read with numpy alone, docids 0..n-1 in order), ``queries`` (.npy of equal-length queries),
 ``reference`` (.json: qid q<i> to its exact top 10 docids), ``work`` (a folder for the peers' built indexes),
-``threads``, ``repeats``, ``reuse`` (whether a peer's earlier build may be reopened), and ``builds``: a list of
-``{"build": {...}, "searches": [{...}, ...]}``, the engine's build and search parameters. For each build: the build
-is timed, each search setting runs once (its top 10 gives recall@10 against the reference), then ``repeats`` rounds
-each run every setting once (interleaved). Prints one JSON list of rows as the last line: engine, build, search,
-"rounds s", recall@10, "build s", "index bytes", and the process's peak resident memory (VmHWM, reset before each
-phase) during the build and during the searches ("build peak RSS MiB", "search peak RSS MiB": the interpreter and
-its libraries included, and the pages of memory-mapped files read), and its RSS before the first build, with torch
-imported ("baseline RSS MiB").
+``threads``, ``repeats``, ``reuse`` (whether a peer's earlier build may be reopened), ``index build`` (null, or the
+times and peak memory of the index's FAISS stage and calibration, made already in its folder), and ``builds``: a
+list of ``{"build": {...}, "searches": [{...}, ...]}``, the engine's build and search parameters. For each build:
+the build is timed, each search setting runs once (its top 10 gives recall@10 against the reference), then
+``repeats`` rounds each run every setting once (interleaved). Prints one JSON list of rows as the last line: engine,
+build, search, "rounds s", recall@10, "build s", "index bytes", and the process's peak resident memory (VmHWM, reset
+before each phase) during the build and during the searches ("build peak RSS MiB", "search peak RSS MiB": the
+interpreter and its libraries included, and the pages of memory-mapped files read), and its RSS before the first
+build, with torch imported ("baseline RSS MiB").
 
 A peer's build lands in a folder of ``work`` named by a hash of what made it (engine, its version, the build
 parameters, the stored vectors' checksums, threads); its record (build.json: build s, build peak RSS MiB, the time
@@ -184,8 +185,16 @@ class Index:
         from pyterrier_multiquery.index.calibration import calibrated
         self.index = MultiVectorIndex(job['index'], verbose=False)
         self.threads, self.retrievers, self.folder = job['threads'], {}, Path(job['index'])
-        self.extra = {}
-        if build.get('ann'):
+        self.extra, self.record = {}, None
+        if build.get('ann') and job.get('index build'):  # made by the caller (bench_index.py), with its figures
+            made = job['index build']
+            load_or_build(self.index, 'ivf', verbose=False)
+            self.extra = {'ANN build s': made['ANN build s'], 'calibration s': made['calibration s'],
+                          'calibrated candidates': calibrated(self.index.maxsim_retriever(
+                              exact=False, num_results=K, threads=self.threads)).candidates}
+            self.record = {'build s': made['ANN build s'] + made['calibration s'],
+                           'build peak RSS MiB': made['ANN build peak RSS MiB']}
+        elif build.get('ann'):
             for old in [*self.folder.glob('ann.*.faiss'), *self.folder.glob('calibration.*')]:
                 old.unlink()  # an earlier run's: built again, timed
             start = time.perf_counter()
@@ -256,7 +265,8 @@ def main(job_file):
         if job['engine'] == 'index':
             start = time.perf_counter()
             engine = Index(job, plan['build'])
-            record = {'build s': time.perf_counter() - start, 'build peak RSS MiB': memory_mib('VmHWM')}
+            record = engine.record or {'build s': time.perf_counter() - start,
+                                       'build peak RSS MiB': memory_mib('VmHWM')}
         else:
             engine, record = open_peer(job, vectors, offsets, dim, plan['build'])
         gc.collect()

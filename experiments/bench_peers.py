@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -113,7 +114,13 @@ def setting_name(row: dict) -> str:
     return ', '.join(f'{k}={v}' for k, v in search.items())
 
 
-def run_workload(name: str, args, pythons: dict, work: Path) -> list:
+def run_workload(name: str, args, pythons: dict, work: Path, index_build: Optional[dict] = None) -> list:
+    """Every build of the workload whose engine has a Python: their rows (also appended to ``work``/rows.jsonl).
+
+    Args:
+        index_build: The index's FAISS stage and calibration, made already (bench_index.py's part 1): their times
+            and peak memory (``ANN build s``, ``calibration s``, ``ANN build peak RSS MiB``); built anew if None.
+    """
     index, queries = workload(name, args.work_dir, args.data_root)
     torch.set_num_threads(args.threads)
     queries_file, reference_file = work / f'{name}.queries.npy', work / f'{name}.reference.json'
@@ -126,7 +133,7 @@ def run_workload(name: str, args, pythons: dict, work: Path) -> list:
         job = {'engine': engine, 'index': str(index.path), 'queries': str(queries_file),
                'reference': str(reference_file), 'work': str(args.work_dir / 'peer-builds' / name),
                'threads': args.threads, 'repeats': args.repeats, 'reuse': args.reuse_builds,
-               'builds': [{'build': build, 'searches': searches}]}
+               'index build': index_build, 'builds': [{'build': build, 'searches': searches}]}
         for row in run_build(pythons[python], job, work):
             row.update(workload=name, documents=documents, queries=len(queries))
             rows.append(row)

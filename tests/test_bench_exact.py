@@ -2,6 +2,7 @@
 and a tiny run writes the report."""
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,15 +14,17 @@ from pyterrier_multiquery.index import MultiVectorIndex  # noqa: E402
 from pyterrier_multiquery.index.calibration import CANDIDATE_COUNTS  # noqa: E402
 from pyterrier_multiquery.experiment.clustered_collection import clustered_collection  # noqa: E402
 
-SCRIPT = Path(__file__).parents[1] / 'experiments' / 'bench_exact.py'
+EXPERIMENTS = Path(__file__).parents[1] / 'experiments'
 
 
 @pytest.fixture(scope='module')
 def bench():
-    spec = importlib.util.spec_from_file_location('bench_exact', SCRIPT)
+    sys.path.insert(0, str(EXPERIMENTS))  # the script imports bench_peer_worker, as when run from experiments/
+    spec = importlib.util.spec_from_file_location('bench_exact', EXPERIMENTS / 'bench_exact.py')
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
+    yield module
+    sys.path.remove(str(EXPERIMENTS))
 
 
 def test_the_einsum_reference_finds_the_index_top_10(bench, tmp_path):

@@ -16,7 +16,7 @@ from pyterrier_multiquery.index.errors import CorruptIndexError
 
 ANN_KINDS = ('flat', 'ivf', 'hnsw')
 #: The storage each kind gets when no quantizer is named: IVF keeps 8-bit codes (143 bytes per 128-dimensional
-#: vector instead of 527, at the same recall in experiments/results/bench_index.md); flat and HNSW keep float32.
+#: vector instead of 527, at the same recall: docs/index.md, "The candidate stage"); flat and HNSW keep float32.
 DEFAULT_STORAGE = {'flat': 'Flat', 'ivf': 'SQ8', 'hnsw': 'Flat'}
 
 
