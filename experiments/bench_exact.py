@@ -24,11 +24,15 @@ Systems, all on the same threads, each returning each query's top 10 by MaxSim (
   exact search where that is faster). The FAISS build and the calibration are timed once, apart, before the rounds
   (an earlier run's FAISS file and calibration are removed first); recall@10 is against index exact's top 10 on
   the workload's queries, which the calibration never saw. "ANN build peak RSS MiB": the process's peak resident
-  memory (VmHWM, reset before the FAISS build) while it builds and calibrates.
-Timing: one warm-up run each (its top 10 gives recall against the others), then ``--repeats`` interleaved rounds;
-medians. GFLOP/s counts the useful products only (2 x query vectors x stored vectors x dims, padding not counted);
-"% of peak" divides by the higher of two float32 peaks, each the median of 5 4096^3 matmuls on the same threads,
-measured before and after the workloads (both reported). Writes experiments/results/bench_exact.{md,json,png}.
+  memory (VmHWM, reset before the FAISS build) while it builds and calibrates; "ANN build baseline RSS MiB": its
+  resident memory before (with what earlier workloads left resident, such as pages of their memory-mapped files).
+Timing: one warm-up run each (its top 10 gives recall against the others), then ``--repeats`` interleaved rounds,
+the order rotated a system each round, so that no system always follows the same one (in a fixed order, the
+approximate search that fell back to exact search on MiniLM's vectors, the same code as index exact, ran at 0.85
+times its speed right after the einsum reference); medians. GFLOP/s counts the useful products only (2 x query
+vectors x stored vectors x dims, padding not counted); "% of peak" divides by the higher of two float32 peaks, each
+the median of 5 4096^3 matmuls on the same threads, measured before and after the workloads (both reported). Writes
+experiments/results/bench_exact.{md,json,png}.
 """
 import argparse
 import json
@@ -159,6 +163,7 @@ class IndexCalibrated(IndexExact):
             old.unlink()                                                                 # built again, timed
         torch.set_num_threads(threads)
         reset_peak()
+        self.baseline_mib = memory_mib('VmRSS')
         start = time.perf_counter()
         load_or_build(index, 'ivf', verbose=False)
         self.build_s = time.perf_counter() - start
@@ -197,10 +202,11 @@ def run_workload(name: str, args, work: Path) -> dict:
                'index approx': IndexCalibrated(index, queries, args.threads)}
     tops = {key: system.search() for key, system in systems.items()}
     seconds = {key: [] for key in systems}
-    for _ in range(args.repeats):
-        for key, system in systems.items():
+    order = list(systems)
+    for round_ in range(args.repeats):
+        for key in order[round_ % len(order):] + order[:round_ % len(order)]:  # each system after each other
             start = time.perf_counter()
-            system.search()
+            systems[key].search()
             seconds[key].append(time.perf_counter() - start)
     flops = 2 * sum(len(q) for q in queries) * meta['vec_count'] * meta['dim']
     lengths = np.diff(offsets)
@@ -220,6 +226,7 @@ def run_workload(name: str, args, work: Path) -> dict:
     row['ANN build s'] = calibrated.build_s
     row['calibration s'] = calibrated.calibration_s
     row['ANN build peak RSS MiB'] = calibrated.build_peak_mib
+    row['ANN build baseline RSS MiB'] = calibrated.baseline_mib
     row['calibration recall'] = calibrated.calibration.recall
     row['rounds s'] = seconds
     return row

@@ -146,8 +146,8 @@ def main():
         exact_rows.append(bench_exact.run_workload(name, args, args.work_dir))
         report(args, exact_rows, peaks, peer_rows, started)
     peaks.append(bench_exact.matmul_peak(args.threads))
-    made = {row['workload']: {key: row[key] for key in ('ANN build s', 'calibration s', 'ANN build peak RSS MiB')}
-            for row in exact_rows}
+    made = {row['workload']: {key: row[key] for key in ('ANN build s', 'calibration s', 'ANN build peak RSS MiB',
+                                                        'ANN build baseline RSS MiB')} for row in exact_rows}
     with tempfile.TemporaryDirectory() as work:
         for name in args.peer_workloads:
             print(f'part 2: {name}', flush=True)

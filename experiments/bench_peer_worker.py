@@ -14,7 +14,7 @@ the build is timed, each search setting runs once (its top 10 gives recall@10 ag
 build, search, "rounds s", recall@10, "build s", "index bytes", and the process's peak resident memory (VmHWM, reset
 before each phase) during the build and during the searches ("build peak RSS MiB", "search peak RSS MiB": the
 interpreter and its libraries included, and the pages of memory-mapped files read), and its RSS before the first
-build, with torch imported ("baseline RSS MiB").
+build, with torch imported ("baseline RSS MiB"), and just before each build ("build baseline RSS MiB").
 
 A peer's build lands in a folder of ``work`` named by a hash of what made it (engine, its version, the build
 parameters, the stored vectors' checksums, threads); its record (build.json: build s, build peak RSS MiB, the time
@@ -193,7 +193,8 @@ class Index:
                           'calibrated candidates': calibrated(self.index.maxsim_retriever(
                               exact=False, num_results=K, threads=self.threads)).candidates}
             self.record = {'build s': made['ANN build s'] + made['calibration s'],
-                           'build peak RSS MiB': made['ANN build peak RSS MiB']}
+                           'build peak RSS MiB': made['ANN build peak RSS MiB'],
+                           'build baseline RSS MiB': made['ANN build baseline RSS MiB']}
         elif build.get('ann'):
             for old in [*self.folder.glob('ann.*.faiss'), *self.folder.glob('calibration.*')]:
                 old.unlink()  # an earlier run's: built again, timed
@@ -241,10 +242,10 @@ def open_peer(job, vectors, offsets, dim, build):
         return PEERS[job['engine']](folder, vectors, offsets, dim, build, built=True), record
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    start = time.perf_counter()
+    baseline, start = memory_mib('VmRSS'), time.perf_counter()
     engine = PEERS[job['engine']](folder, vectors, offsets, dim, build, built=False)
     record = {'build s': time.perf_counter() - start, 'build peak RSS MiB': memory_mib('VmHWM'),
-              'built at': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}
+              'build baseline RSS MiB': baseline, 'built at': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}
     partial = folder / 'build.json.tmp'
     partial.write_text(json.dumps(record))
     partial.rename(record_file)
@@ -263,10 +264,10 @@ def main(job_file):
         gc.collect()
         reset_peak()
         if job['engine'] == 'index':
-            start = time.perf_counter()
+            before, start = memory_mib('VmRSS'), time.perf_counter()
             engine = Index(job, plan['build'])
             record = engine.record or {'build s': time.perf_counter() - start,
-                                       'build peak RSS MiB': memory_mib('VmHWM')}
+                                       'build peak RSS MiB': memory_mib('VmHWM'), 'build baseline RSS MiB': before}
         else:
             engine, record = open_peer(job, vectors, offsets, dim, plan['build'])
         gc.collect()

@@ -17,7 +17,8 @@ PyLate, which pins its own torch and fast-plaid, in another), all on ``--threads
 - fast-plaid 1.7: nbits 4 and 8 (nbits 8 alone at a million documents: at 4 its recall stops below 0.95 at 100,000);
   searches over (n_ivf_probe, n_full_scores).
 - PyLate 1.6 PLAID (fast-plaid 1.4.6 underneath): nbits 4 and 8, the same searches; not at a million documents.
-- PyLate Voyager (HNSW over every vector, M 64, ef_construction 200): k_token 10 to 100; at 100,000 documents only.
+- PyLate Voyager (HNSW over every vector, M 64, ef_construction 200): k_token 10 to 316 (ef_search 200, or twice
+  k_token where that is more: at 100 it stopped at recall 0.986); at 100,000 documents only.
 - MUVERA (muvera-python 0.2: 20 repetitions, 5 SimHash bits, AMS sketch to 16 dims, 10,240-dim encodings, an exact
   inner-product search of them, then exact MaxSim of the best 100 to 3,000); not at a million documents (40 GB of
   encodings).
@@ -29,7 +30,9 @@ the index: its FAISS stage and the calibration; the vectors' own file is written
 alike; index exact's is the opening of the index). Index MiB: the engine's files (index exact: the stored vectors
 alone). Build and search peak RSS: the worker process's peak resident memory (VmHWM, reset before each phase) while
 it builds and while it searches (all settings of the build), the interpreter, torch and the pages of memory-mapped
-files read included; "baseline RSS MiB" is the worker's before its build, with torch imported.
+files read included; "baseline RSS MiB" is the worker's before its build, with torch imported, and "build baseline
+RSS MiB" the process's just before the build (for bench_index.py's index approx: part 1's process, before its
+FAISS build; not recorded by builds made before it was).
 Writes experiments/results/bench_peers.{md,json,png} after each workload; ``--rows`` writes them from the rows a run
 logged (rows.jsonl in its temporary folder), for a run cut short.
 """
@@ -74,7 +77,7 @@ def plans(name: str) -> list:
                     [{'rescore': n} for n in (100, 300, 1000, 3000)]))
     if name == 'clustered-100k':
         out.append(('pylate', 'pylate-voyager', {'M': 64, 'ef_construction': 200},
-                    [{'k_token': k, 'ef_search': 200} for k in (10, 32, 100)]))
+                    [{'k_token': k, 'ef_search': max(200, 2 * k)} for k in (10, 32, 100, 316)]))
     return out
 
 
@@ -148,6 +151,7 @@ def tables(rows: list):
         'workload': r['workload'], 'system': system_name(r), 'setting': setting_name(r),
         'QPS': r['queries'] / float(np.median(r['rounds s'])), 'recall@10': r['recall@10'], 'build s': r['build s'],
         'index MiB': r['index bytes'] / 2 ** 20, 'build peak RSS MiB': r['build peak RSS MiB'],
+        'build baseline RSS MiB': r.get('build baseline RSS MiB', np.nan),
         'search peak RSS MiB': r['search peak RSS MiB'], 'baseline RSS MiB': r['baseline RSS MiB'],
         'built at': r.get('built at', 'this run')}
         for r in rows if 'rounds s' in r])
@@ -156,6 +160,7 @@ def tables(rows: list):
         entry = {'workload': name, 'system': system, 'best recall@10': group['recall@10'].max(),
                  'build s': group['build s'].iloc[0], 'index MiB': group['index MiB'].iloc[0],
                  'build peak RSS MiB': group['build peak RSS MiB'].iloc[0],
+                 'build baseline RSS MiB': group['build baseline RSS MiB'].iloc[0],
                  'search peak RSS MiB': group['search peak RSS MiB'].iloc[0],
                  'baseline RSS MiB': group['baseline RSS MiB'].iloc[0], 'built at': group['built at'].iloc[0]}
         for target in (0.95, 0.99):
