@@ -204,7 +204,7 @@ def run_workload(name: str, args, work: Path) -> dict:
     seconds = {key: [] for key in systems}
     order = list(systems)
     for round_ in range(args.repeats):
-        for key in order[round_ % len(order):] + order[:round_ % len(order)]:  # each system after each other
+        for key in order[round_ % len(order):] + order[:round_ % len(order)]:  # rotated a system a round
             start = time.perf_counter()
             systems[key].search()
             seconds[key].append(time.perf_counter() - start)

@@ -20,7 +20,8 @@ A peer's build lands in a folder of ``work`` named by a hash of what made it (en
 parameters, the stored vectors' checksums, threads); its record (build.json: build s, build peak RSS MiB, the time
 it was built) is written last, by rename, so a folder without one is an unfinished build and is built again. With
 ``reuse``, a build whose record exists is reopened and its row carries the record's figures and "built at" (a
-million documents take fast-plaid 80 minutes on 2 threads); the index's own FAISS stage is always built anew.
+million documents take fast-plaid 80 minutes on 2 threads). The index's own FAISS stage and calibration are made
+anew, unless ``index build`` says they were made already (then they are read, and the row carries its figures).
 """
 import gc
 import hashlib
@@ -186,18 +187,11 @@ class Index:
         self.index = MultiVectorIndex(job['index'], verbose=False)
         self.threads, self.retrievers, self.folder = job['threads'], {}, Path(job['index'])
         self.extra, self.record = {}, None
-        if build.get('ann') and job.get('index build'):  # made by the caller (bench_index.py), with its figures
-            made = job['index build']
-            load_or_build(self.index, 'ivf', verbose=False)
-            self.extra = {'ANN build s': made['ANN build s'], 'calibration s': made['calibration s'],
-                          'calibrated candidates': calibrated(self.index.maxsim_retriever(
-                              exact=False, num_results=K, threads=self.threads)).candidates}
-            self.record = {'build s': made['ANN build s'] + made['calibration s'],
-                           'build peak RSS MiB': made['ANN build peak RSS MiB'],
-                           'build baseline RSS MiB': made['ANN build baseline RSS MiB']}
-        elif build.get('ann'):
-            for old in [*self.folder.glob('ann.*.faiss'), *self.folder.glob('calibration.*')]:
-                old.unlink()  # an earlier run's: built again, timed
+        if build.get('ann'):
+            made = job.get('index build')  # made already by the caller (bench_index.py), with its figures
+            if made is None:
+                for old in [*self.folder.glob('ann.*.faiss'), *self.folder.glob('calibration.*')]:
+                    old.unlink()  # an earlier run's: built again, timed
             start = time.perf_counter()
             load_or_build(self.index, 'ivf', verbose=False)
             self.extra['ANN build s'] = time.perf_counter() - start
@@ -205,6 +199,11 @@ class Index:
             self.extra['calibrated candidates'] = calibrated(self.index.maxsim_retriever(
                 exact=False, num_results=K, threads=self.threads)).candidates
             self.extra['calibration s'] = time.perf_counter() - start
+            if made is not None:  # the files were read, not made: the figures are the maker's
+                self.extra.update({'ANN build s': made['ANN build s'], 'calibration s': made['calibration s']})
+                self.record = {'build s': made['ANN build s'] + made['calibration s'],
+                               'build peak RSS MiB': made['ANN build peak RSS MiB'],
+                               'build baseline RSS MiB': made['ANN build baseline RSS MiB']}
         else:  # exact search needs the stored vectors alone
             self.folder = [f for f in self.folder.iterdir() if not f.name.startswith(('ann.', 'calibration.'))]
 

@@ -122,7 +122,8 @@ def run_workload(name: str, args, pythons: dict, work: Path, index_build: Option
 
     Args:
         index_build: The index's FAISS stage and calibration, made already (bench_index.py's part 1): their times
-            and peak memory (``ANN build s``, ``calibration s``, ``ANN build peak RSS MiB``); built anew if None.
+            and memory (``ANN build s``, ``calibration s``, ``ANN build peak RSS MiB``, ``ANN build baseline RSS
+            MiB``); made anew if None.
     """
     index, queries = workload(name, args.work_dir, args.data_root)
     torch.set_num_threads(args.threads)
@@ -209,7 +210,7 @@ def main():
     parser.add_argument('--work-dir', type=Path, default=Path('/tmp/bench_exact'))
     parser.add_argument('--data-root', type=Path, default=Path(__file__).parents[1] / '..' / 'shared' / 'data')
     parser.add_argument('--reuse-builds', action='store_true',
-                        help="reopen a peer's earlier build of the same vectors, version and parameters (from "
+                        help="reopen a peer's earlier build of the same vectors, version, parameters and threads (from "
                         '--work-dir/peer-builds; its build time and memory are those recorded when it was built)')
     parser.add_argument('--out', type=Path, default=RESULTS / 'bench_peers')
     parser.add_argument('--rows', type=Path, help='only write the report of the rows a run logged (its rows.jsonl)')
