@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip('faiss')
@@ -61,3 +62,25 @@ def test_tiny_run_of_the_index_engine_writes_the_report(bench, tmp_path, monkeyp
     assert settings[0]['recall@10'] == 1.0 and 0 < settings[2]['recall@10'] <= settings[3]['recall@10'] <= 1
     assert all(len(r['rounds s']) == 2 for r in report['rows'])
     assert out.with_suffix('.png').exists()
+
+
+def test_a_sweep_stops_at_its_first_setting_that_reaches_recall_099():
+    sys.path.insert(0, str(EXPERIMENTS))
+    try:
+        import bench_peer_worker
+    finally:
+        sys.path.remove(str(EXPERIMENTS))
+
+    class Engine:   # candidates=c finds the first c // 10 of each query's reference top 10
+        def search(self, queries, setting):
+            self.ran.append(setting)
+            keep = setting.get('candidates', 100) // 10
+            return [reference[f'q{i}'][:keep] for i in range(len(queries))]
+
+    reference = {'q0': list(range(10)), 'q1': list(range(10, 20))}
+    engine = Engine()
+    engine.ran = []
+    settings = [{'exact': False}] + [{'exact': False, 'candidates': c} for c in (40, 90, 100, 200)]
+    searches, recalls = bench_peer_worker.warm_up(engine, np.zeros((2, 1, 4)), settings, reference)
+    # the calibrated default (its own sweep) reaches 0.99 and the candidate sweep still runs, to its first 1.0
+    assert searches == engine.ran == settings[:4] and recalls == [1.0, 0.4, 0.9, 1.0]
