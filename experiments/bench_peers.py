@@ -25,11 +25,11 @@ PyLate, which pins its own torch and fast-plaid, in another), all on ``--threads
 Within a build, every search setting runs once (its top 10 gives recall@10 against the reference), then
 ``--repeats`` rounds each run every setting once (interleaved); queries/s = queries / median round. A sweep (the
 settings naming the same parameters, from the cheapest) stops at its first setting reaching recall@10 0.99, so "best
-recall@10" is the highest recall of the settings run. Engines run one
-after another. "At recall r": the engine's (and build's) fastest setting whose recall@10 is at least r; "index /
-peer" divides the index's queries/s at r by the peer's. Build s: the engine's index from the stored vectors (for
-the index: its FAISS stage and the calibration; the vectors' own file is written by every engine's input step
-alike; index exact's is the opening of the index). Index MiB: the engine's files (index exact: the stored vectors
+recall@10" is the highest recall of the settings run. Engines run one after another. "At recall r": the engine's
+(and build's) fastest setting whose recall@10 is at least r; "index / peer" divides the index's queries/s at r by
+the peer's. Build s: the engine's index from the stored vectors (for the index: its FAISS stage and the
+calibration; the vectors' own file is written by every engine's input step alike; index exact's is the opening of
+the index). Index MiB: the engine's files (index exact: the stored vectors
 alone). Build and search peak RSS: the worker process's peak resident memory (VmHWM, reset before each phase) while
 it builds and while it searches (all settings of the build), the interpreter, torch and the pages of memory-mapped
 files read included; "baseline RSS MiB" is the worker's before its build, with torch imported, and "build baseline

@@ -72,6 +72,9 @@ def test_a_sweep_stops_at_its_first_setting_that_reaches_recall_099():
         sys.path.remove(str(EXPERIMENTS))
 
     class Engine:   # candidates=c finds the first c // 10 of each query's reference top 10
+        def __init__(self):
+            self.ran = []
+
         def search(self, queries, setting):
             self.ran.append(setting)
             keep = setting.get('candidates', 100) // 10
@@ -79,7 +82,6 @@ def test_a_sweep_stops_at_its_first_setting_that_reaches_recall_099():
 
     reference = {'q0': list(range(10)), 'q1': list(range(10, 20))}
     engine = Engine()
-    engine.ran = []
     settings = [{'exact': False}] + [{'exact': False, 'candidates': c} for c in (40, 90, 100, 200)]
     searches, recalls = bench_peer_worker.warm_up(engine, np.zeros((2, 1, 4)), settings, reference)
     # the calibrated default (its own sweep) reaches 0.99 and the candidate sweep still runs, to its first 1.0
