@@ -24,8 +24,8 @@ PyLate, which pins its own torch and fast-plaid, in another), all on ``--threads
   encodings).
 Within a build, every search setting runs once (its top 10 gives recall@10 against the reference), then
 ``--repeats`` rounds each run every setting once (interleaved); queries/s = queries / median round. A sweep (the
-settings naming the same parameters, from the cheapest) stops at its first setting reaching recall@10 0.99, so "best
-recall@10" is the highest recall of the settings run. Engines run one after another. "At recall r": the engine's
+settings naming the same parameters, from the cheapest) stops at its first setting reaching recall@10 0.99, or
+slower than a setting of the build that reached it, so "best recall@10" is the highest recall of the settings run. Engines run one after another. "At recall r": the engine's
 (and build's) fastest setting whose recall@10 is at least r; "index / peer" divides the index's queries/s at r by
 the peer's. Build s: the engine's index from the stored vectors (for the index: its FAISS stage and the
 calibration; the vectors' own file is written by every engine's input step alike; index exact's is the opening of

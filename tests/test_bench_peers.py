@@ -3,6 +3,7 @@ engine through the worker process (the peers' venvs are not on a test machine) w
 import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -64,25 +65,43 @@ def test_tiny_run_of_the_index_engine_writes_the_report(bench, tmp_path, monkeyp
     assert out.with_suffix('.png').exists()
 
 
-def test_a_sweep_stops_at_its_first_setting_that_reaches_recall_099():
+class SweepEngine:
+    """candidates=c finds the first c // 10 of each query's reference top 10 (no candidates: all 10) and takes c
+    times ``seconds_per_candidate`` (no candidates: ``default_seconds``)."""
+    def __init__(self, reference, default_seconds, seconds_per_candidate):
+        self.reference, self.ran = reference, []
+        self.default_seconds, self.seconds_per_candidate = default_seconds, seconds_per_candidate
+
+    def search(self, queries, setting):
+        self.ran.append(setting)
+        candidates = setting.get('candidates')
+        time.sleep(self.default_seconds if candidates is None else candidates * self.seconds_per_candidate)
+        keep = 10 if candidates is None else candidates // 10
+        return [self.reference[f'q{i}'][:keep] for i in range(len(queries))]
+
+
+def sweep(default_seconds, seconds_per_candidate):
+    """(settings run, their recall, settings searched) of warm_up over the calibrated default and candidates=40 to 200
+    of :class:`SweepEngine`."""
     sys.path.insert(0, str(EXPERIMENTS))
     try:
         import bench_peer_worker
     finally:
         sys.path.remove(str(EXPERIMENTS))
-
-    class Engine:   # candidates=c finds the first c // 10 of each query's reference top 10
-        def __init__(self):
-            self.ran = []
-
-        def search(self, queries, setting):
-            self.ran.append(setting)
-            keep = setting.get('candidates', 100) // 10
-            return [reference[f'q{i}'][:keep] for i in range(len(queries))]
-
     reference = {'q0': list(range(10)), 'q1': list(range(10, 20))}
-    engine = Engine()
+    engine = SweepEngine(reference, default_seconds, seconds_per_candidate)
     settings = [{'exact': False}] + [{'exact': False, 'candidates': c} for c in (40, 90, 100, 200)]
     searches, recalls = bench_peer_worker.warm_up(engine, np.zeros((2, 1, 4)), settings, reference)
+    return searches, recalls, engine.ran, settings
+
+
+def test_a_sweep_stops_at_its_first_setting_that_reaches_recall_099():
+    searches, recalls, ran, settings = sweep(default_seconds=0.3, seconds_per_candidate=0.0001)
     # the calibrated default (its own sweep) reaches 0.99 and the candidate sweep still runs, to its first 1.0
-    assert searches == engine.ran == settings[:4] and recalls == [1.0, 0.4, 0.9, 1.0]
+    assert searches == ran == settings[:4] and recalls == [1.0, 0.4, 0.9, 1.0]
+
+
+def test_a_sweep_stops_at_its_first_setting_slower_than_one_that_reached_recall_099():
+    searches, recalls, ran, settings = sweep(default_seconds=0.02, seconds_per_candidate=0.005)
+    # candidates=40 (0.2 s) is slower than the calibrated default (0.02 s, recall 1.0): 90 and on are not run
+    assert searches == ran == settings[:2] and recalls == [1.0, 0.4]
