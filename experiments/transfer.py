@@ -12,15 +12,21 @@ JPR (top 20 reranked). Every model trains on a schedule fixed in advance (the tr
 one-standard-error rule
 (:func:`~pyterrier_multiquery.training.departure.choose_departure`). No weight, epoch or setting is chosen on a
 test fold or a transfer target. Each model is also shown at departure 1 (``as trained, λ=1``); the weights chosen
-are listed per model (per fold in domain).
+are listed per model (per fold in domain). ``+ back-off`` (:class:`~pyterrier_multiquery.training.backoff.BackOff`)
+gives a question unlike the model's training questions MiniLM's ranking instead: unlike, where its MiniLM cosine
+similarity to its nearest training question is below the 5 % quantile of the training questions' own similarities to
+their nearest other training question (a quantile fixed in advance, from the training questions alone). A question
+goes whole to one system or the other, so its scores are the refiner's or MiniLM's, composed per question from the
+stored scores.
 
 Out of domain: a model trained on all of a collection's questions, tested on every collection it never saw. In
 domain: 5-fold cross-validation by question (train on four folds, test on the fifth). Each system is compared with
 the first stage and with MiniLM-FT on the same queries: mean difference, 95 % paired-bootstrap interval, p-value.
 The floor: on every collection a model never saw, MRecall@10 at least MiniLM's minus 0.005 and not significantly
 below it (p < 0.05). Writes ``experiments/results/transfer.{md,json,csv,png}``; the per-query scores and chosen
-weights of every finished part are stored as it goes (``transfer_perquery.csv``, ``transfer_choices.csv``), so a
-stopped run goes on where it stopped (``--restart`` forgets them; ``--report-only`` reports what is stored).
+weights of every finished part are stored as it goes (``transfer_perquery.csv``, ``transfer_choices.csv``, and
+which test questions are familiar, ``transfer_familiar.csv``), so a stopped run goes on where it stopped
+(``--restart`` forgets them; ``--report-only`` reports what is stored).
 """
 import copy
 import time
@@ -29,6 +35,7 @@ from pathlib import Path
 import pandas as pd
 
 from pyterrier_multiquery._files import building
+from pyterrier_multiquery.baselines import minilm
 from pyterrier_multiquery.experiment import systems
 from pyterrier_multiquery.experiment.cache import Cache
 from pyterrier_multiquery.experiment.evaluation import (
@@ -40,6 +47,7 @@ from pyterrier_multiquery.experiment.evaluation import (
 )
 from pyterrier_multiquery.loaders import CombinedDataset, load_dataset
 from pyterrier_multiquery.measures import MRecall
+from pyterrier_multiquery.training.backoff import DEFAULT_QUANTILE, Familiarity
 
 RESULTS = Path(__file__).parent / 'results'
 MEASURES = [MRecall @ 5, MRecall @ 10]
@@ -48,6 +56,8 @@ TRAINING = {'dev_fraction': 0.2, 'choose_epoch': False, 'departure': 'one_se'}
 SOURCES = {'RAMDocs': ('ramdocs',), 'MuSiQue': ('musique',), 'RAMDocs+MuSiQue': ('ramdocs', 'musique')}
 TARGETS = {'ramdocs': 'RAMDocs', 'musique': 'MuSiQue', 'scifact': 'SciFact (2+ relevant)'}
 FLOOR = 0.005
+#: The trained refiners (each also shown as trained, and with the back-off).
+REFINERS = ('AMER', 'MiniLM >> JPR')
 
 
 def multi_relevant(dataset, variants=('train', 'test'), minimum: int = 2):
@@ -163,22 +173,24 @@ class Parts:
 
     def __init__(self, out: Path, restart: bool = False):
         self.paths = {'scores': out.with_name(out.name + '_perquery.csv'),
-                      'choices': out.with_name(out.name + '_choices.csv')}
+                      'choices': out.with_name(out.name + '_choices.csv'),
+                      'familiar': out.with_name(out.name + '_familiar.csv')}
         self.frames = {}
         for name, path in self.paths.items():
             if restart:
                 path.unlink(missing_ok=True)
             self.frames[name] = pd.read_csv(path, dtype={'qid': str}) if path.exists() else pd.DataFrame()
 
-    def done(self, source: str, target: str, fold: int) -> bool:
-        """Whether the part is stored (its weights are written after its scores)."""
-        choices = self.frames['choices']
-        return not choices.empty and bool(((choices['trained on'] == source) & (choices['tested on'] == target)
-                                           & (choices['fold'] == fold)).any())
+    def done(self, source: str, target: str, fold: int, kind: str = 'choices') -> bool:
+        """Whether the part is stored (its weights are written after its scores), or its familiar questions."""
+        frame = self.frames[kind]
+        return not frame.empty and bool(((frame['trained on'] == source) & (frame['tested on'] == target)
+                                         & (frame['fold'] == fold)).any())
 
-    def add(self, scores: pd.DataFrame, choice: dict) -> None:
-        """Stores a finished part: its per-query scores and the weights its training chose."""
-        for name, frame in (('scores', scores), ('choices', pd.DataFrame([choice]))):
+    def add(self, **frames: pd.DataFrame) -> None:
+        """Stores frames of a finished part: its per-query ``scores`` and the weights its training chose
+        (``choices``), or which of its test questions are ``familiar``."""
+        for name, frame in frames.items():
             self.frames[name] = pd.concat([self.frames[name], frame], ignore_index=True)
             with building(self.paths[name]) as tmp:
                 self.frames[name].to_csv(tmp, index=False)
@@ -193,10 +205,39 @@ def run_part(parts: Parts, source: str, target: str, fold: int, collection: Coll
                                     questions(train.dataset.get_qrels(), train_qids), args)
     runs = {name: system(questions(collection.topics, test_qids)) for name, system in built.items()}
     scores = per_query(runs, questions(collection.qrels, test_qids), MEASURES)
-    parts.add(scores.assign(**{'trained on': source, 'tested on': target, 'fold': fold}),
-              {'trained on': source, 'tested on': target, 'fold': fold, **chosen})
+    parts.add(scores=scores.assign(**{'trained on': source, 'tested on': target, 'fold': fold}),
+              choices=pd.DataFrame([{'trained on': source, 'tested on': target, 'fold': fold, **chosen}]))
     print(f'{source} -> {target}' + (f', fold {fold}' if fold >= 0 else '') + ': '
           + ', '.join(f'{name} λ={weight:g}' for name, weight in chosen.items()), flush=True)
+
+
+def familiar_part(parts: Parts, source: str, target: str, fold: int, collection: Collection, train: Collection,
+                  train_qids, test_qids, encoder) -> None:
+    """Stores which of the part's test questions are familiar to its training questions (:class:`Familiarity`)."""
+    if parts.done(source, target, fold, 'familiar'):
+        return
+    known = questions(train.dataset.get_topics(), train_qids)['query'].tolist()
+    familiarity = Familiarity(encoder.encode_queries(known), DEFAULT_QUANTILE)
+    topics = questions(collection.topics, test_qids)
+    similarity = familiarity.similarity(encoder.encode_queries(topics['query'].tolist()))
+    parts.add(familiar=pd.DataFrame({'trained on': source, 'tested on': target, 'fold': fold, 'qid': topics['qid'],
+                                     'similarity': similarity, 'threshold': familiarity.threshold,
+                                     'familiar': similarity >= familiarity.threshold}))
+
+
+def backed_off(scores: pd.DataFrame, familiar: pd.DataFrame) -> pd.DataFrame:
+    """``scores`` with each refiner's ``+ back-off`` rows: the refiner's scores of the familiar questions, MiniLM's
+    of the others (a question goes whole to one system)."""
+    keys = ['trained on', 'tested on', 'fold', 'qid']
+    flags = scores[keys].merge(familiar[keys + ['familiar']], on=keys, how='left')['familiar']
+    if flags.isna().any():
+        missing = scores.loc[flags.isna().to_numpy(), keys[:3]].drop_duplicates().to_dict('records')
+        raise ValueError(f'no familiar questions stored for the parts {missing}')
+    flagged = scores.assign(familiar=flags.astype(bool).to_numpy())
+    first_stage = flagged[(flagged['system'] == 'MiniLM') & ~flagged['familiar']]
+    added = [pd.concat([flagged[(flagged['system'] == name) & flagged['familiar']], first_stage]).assign(
+        system=f'{name} + back-off') for name in REFINERS]
+    return pd.concat([scores] + [frame.drop(columns='familiar') for frame in added], ignore_index=True)
 
 
 def questions(frame: pd.DataFrame, qids) -> pd.DataFrame:
@@ -206,7 +247,7 @@ def questions(frame: pd.DataFrame, qids) -> pd.DataFrame:
 
 def report(parts: Parts, args, seconds: float) -> None:
     """The report of every stored part: the table, the chosen weights and the figure."""
-    scores, tables = parts.frames['scores'], []
+    scores, tables = backed_off(parts.frames['scores'], parts.frames['familiar']), []
     for (source, target), pair in scores.groupby(['trained on', 'tested on'], sort=False):
         in_domain = source == target
         folds = pair['fold'].nunique()
@@ -216,10 +257,18 @@ def report(parts: Parts, args, seconds: float) -> None:
     write_report(args.out, 'Trained methods on collections they never saw', __doc__.split('\n\n', 2)[2],
                  {'MRecall against the first stage and the fine-tuned single vector': table,
                   'Departure weights chosen on training data (λ: 0 = first stage, 1 = as trained; fold -1: all of '
-                  'the source)': parts.frames['choices']},
+                  'the source)': parts.frames['choices'],
+                  'Test questions like the training questions (the back-off keeps the refiner on these)':
+                      familiar_shares(parts.frames['familiar'])},
                  extra={'seconds': seconds, 'training': TRAINING, 'seed': args.seed, 'threads': args.threads},
                  figure=figure(table), csv=True)
     print(table.to_string(), flush=True)
+
+
+def familiar_shares(familiar: pd.DataFrame) -> pd.DataFrame:
+    """Per part: the threshold, the test questions and the share of them that are familiar."""
+    return familiar.groupby(['trained on', 'tested on', 'fold'], sort=False).agg(
+        threshold=('threshold', 'first'), questions=('qid', 'size'), familiar=('familiar', 'mean')).reset_index()
 
 
 def main():
@@ -236,6 +285,7 @@ def main():
     parts = Parts(args.out, restart=args.restart)
     if not args.report_only:
         cache = Cache(args.cache_dir)
+        encoder = minilm(batch_size=64)
         loaded = {name: load_dataset(args.data_root / name) for name in TARGETS}
         collections = {'ramdocs': Collection(loaded['ramdocs'], cache),
                        'musique': Collection(loaded['musique'], cache),
@@ -246,12 +296,15 @@ def main():
             for key, collection in collections.items():
                 if key not in members:
                     run_part(parts, source, TARGETS[key], -1, collection, train, None, None, args)
+                    familiar_part(parts, source, TARGETS[key], -1, collection, train, None, None, encoder)
         if not args.skip_in_domain:
             for key in ('musique', 'ramdocs'):
                 collection, source = collections[key], TARGETS[key]
                 for fold, (train_qids, test_qids) in enumerate(
                         cross_validation_folds(collection.qrels, args.folds, seed=args.seed)):
                     run_part(parts, source, source, fold, collection, collection, train_qids, test_qids, args)
+                    familiar_part(parts, source, source, fold, collection, collection, train_qids, test_qids,
+                                  encoder)
     report(parts, args, time.perf_counter() - start)
     print(f'wrote {args.out}.md ({time.perf_counter() - start:.0f}s)')
 

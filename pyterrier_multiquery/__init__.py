@@ -51,6 +51,7 @@ _ATTRIBUTES = {
     'AMER': 'amer',
     'AMERModel': 'amer',
     'EncoderAMERModel': 'amer',
+    'BackOff': 'training.backoff',
 }
 
 __all__ = list(_ATTRIBUTES)
