@@ -49,7 +49,8 @@ TARGETS = (0.95, 0.99)
 
 def fastest_peers(matched: pd.DataFrame, target: float) -> dict:
     """Per workload where peers ran: (the fastest peer at recall@10 ``target`` and its queries/s, or 'none reaches
-    it', and the index's queries/s at ``target`` over that peer's)."""
+    it' (saying where a sweep was cut by time, so the index is more than ``SLOWEST_RATIO`` times as fast as that
+    peer there), and the index's queries/s at ``target`` over that peer's)."""
     out = {}
     column = f'QPS at {target}'
     for name, group in matched.groupby('workload', sort=False):
@@ -59,7 +60,9 @@ def fastest_peers(matched: pd.DataFrame, target: float) -> dict:
             continue
         reached = peers.dropna(subset=[column])
         if not len(reached):
-            out[name] = ('none reaches it', np.nan)
+            cut = peers[f'setting at {target}'].str.contains('cut by time').any()
+            out[name] = ('none reaches it' + (f' (a sweep cut by time: index over {bench_peers.SLOWEST_RATIO}x)'
+                                              if cut else ''), np.nan)
             continue
         fastest = reached.loc[reached[column].idxmax()]
         out[name] = (f"{fastest['system']}: {fastest[column]:.0f} q/s", ours.iloc[0] / fastest[column])

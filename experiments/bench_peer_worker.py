@@ -6,18 +6,20 @@ PyLate pins its own torch and fast-plaid, so each engine lives in its own venv.
 JOB.json: ``engine`` (index, fast-plaid, pylate-plaid, pylate-voyager or muvera), ``index`` (a MultiVectorIndex
 folder: its vectors are read with numpy alone, docids 0..n-1 in order), ``queries`` (.npy of equal-length queries),
 ``reference`` (.json: qid q<i> to its exact top 10 docids), ``work`` (a folder for the peers' built indexes),
-``threads``, ``repeats``, ``reuse`` (whether a peer's earlier build may be reopened), ``index build`` (null, or the
+``threads``, ``repeats``, ``reuse`` (whether a peer's earlier build may be reopened), ``slowest s`` (null, or the
+seconds past which a setting's first run cuts its sweep), ``index build`` (null, or the
 times and peak memory of the index's FAISS stage and calibration, made already in its folder), and ``builds``: a
 list of ``{"build": {...}, "searches": [{...}, ...]}``, the engine's build and search parameters. For each build:
 the build is timed, each search setting runs once (its top 10 gives recall@10 against the reference), then
 ``repeats`` rounds each run every setting once (interleaved). The settings of a sweep (those naming the same
-parameters, listed from the cheapest) stop at the first one whose recall@10 reaches 0.99, or that took longer than
-a setting already run that reached 0.99: the larger ones cost more and cannot be the fastest at a matched recall of
-0.95 or 0.99. Prints one JSON list of rows as the last line: engine,
-build, search, "rounds s", recall@10, "build s", "index bytes", and the process's peak resident memory (VmHWM, reset
-before each phase) during the build and during the searches ("build peak RSS MiB", "search peak RSS MiB": the
-interpreter and its libraries included, and the pages of memory-mapped files read), and its RSS before the first
-build, with torch imported ("baseline RSS MiB"), and just before each build ("build baseline RSS MiB").
+parameters, listed from the cheapest) stop at the first one whose recall@10 reaches 0.99, or that took longer than a
+setting already run that reached 0.99: the larger ones cost more and cannot be the fastest at a matched recall of
+0.95 or 0.99; and at the first one that took longer than ``slowest s`` without reaching it (its rows: "cut by
+time"). Prints one JSON list of rows as the last line: engine, build, search, "rounds s", recall@10, "build s",
+"index bytes", and the process's peak resident memory (VmHWM, reset before each phase) during the build and during
+the searches ("build peak RSS MiB", "search peak RSS MiB": the interpreter and its libraries included, and the pages
+of memory-mapped files read), and its RSS before the first build, with torch imported ("baseline RSS MiB"), and just
+before each build ("build baseline RSS MiB").
 
 A peer's build lands in a folder of ``work`` named by a hash of what made it (engine, its version, the build
 parameters, the stored vectors' checksums, threads); its record (build.json: build s, build peak RSS MiB, the time
@@ -224,12 +226,14 @@ class Index:
         return [[int(d) for d in found[f'q{i}']] for i in range(len(queries))]
 
 
-def warm_up(engine, queries: np.ndarray, settings: list, reference: dict) -> tuple:
-    """Runs each setting once: ``(settings run, their recall@10)``. A sweep (the settings naming the same
-    parameters) stops at its first setting whose recall@10 reaches :data:`STOP_RECALL`, or that took longer than a
-    setting already run that reached it (the index's calibrated default, exact search on MiniLM's token vectors,
-    against its candidate counts): that setting, and the larger ones, cannot be the fastest at a matched recall."""
-    searches, recalls, stopped, fastest_reaching = [], [], set(), np.inf
+def warm_up(engine, queries: np.ndarray, settings: list, reference: dict, slowest: float = np.inf) -> tuple:
+    """Runs each setting once: ``(settings run, their recall@10, whether a sweep was cut by time)``. A sweep (the
+    settings naming the same parameters) stops at its first setting whose recall@10 reaches :data:`STOP_RECALL`, or
+    that took longer than a setting already run that reached it (the index's calibrated default, exact search on
+    MiniLM's token vectors, against its candidate counts): that setting, and the larger ones, cannot be the fastest
+    at a matched recall. It is cut at its first setting that took longer than ``slowest`` seconds without reaching
+    it: the larger ones are slower still."""
+    searches, recalls, stopped, fastest_reaching, cut = [], [], set(), np.inf, False
     for setting in settings:
         sweep = tuple(sorted(setting))
         if sweep in stopped:
@@ -243,7 +247,10 @@ def warm_up(engine, queries: np.ndarray, settings: list, reference: dict) -> tup
             fastest_reaching = min(fastest_reaching, seconds)
         if recalls[-1] >= STOP_RECALL or seconds > fastest_reaching:
             stopped.add(sweep)
-    return searches, recalls
+        elif seconds > slowest:
+            stopped.add(sweep)
+            cut = True
+    return searches, recalls, cut
 
 
 PEERS = {'fast-plaid': FastPlaid, 'pylate-plaid': PylatePlaid, 'pylate-voyager': PylateVoyager, 'muvera': Muvera}
@@ -298,7 +305,8 @@ def main(job_file):
             engine, record = open_peer(job, vectors, offsets, dim, plan['build'])
         gc.collect()
         reset_peak()
-        searches, recalls = warm_up(engine, queries, plan['searches'], reference)
+        searches, recalls, cut = warm_up(engine, queries, plan['searches'], reference,
+                                         job.get('slowest s') or np.inf)
         rounds = [[] for _ in searches]
         for _ in range(job['repeats']):
             for setting, seconds in zip(searches, rounds):
@@ -310,7 +318,8 @@ def main(job_file):
         for setting, seconds, recall in zip(searches, rounds, recalls):
             rows.append({'engine': job['engine'], 'build': plan['build'], 'search': setting, 'rounds s': seconds,
                          'recall@10': recall, 'index bytes': folder_bytes(engine.folder),
-                         'search peak RSS MiB': search_peak, 'baseline RSS MiB': baseline, **record, **extra})
+                         'search peak RSS MiB': search_peak, 'baseline RSS MiB': baseline, 'cut by time': cut,
+                         **record, **extra})
     print(json.dumps(rows))
 
 

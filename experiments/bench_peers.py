@@ -25,7 +25,10 @@ PyLate, which pins its own torch and fast-plaid, in another), all on ``--threads
 Within a build, every search setting runs once (its top 10 gives recall@10 against the reference), then
 ``--repeats`` rounds each run every setting once (interleaved); queries/s = queries / median round. A sweep (the
 settings naming the same parameters, from the cheapest) stops at its first setting reaching recall@10 0.99, or
-slower than a setting of the build that reached it, so "best recall@10" is the highest recall of the settings run. Engines run one after another. "At recall r": the engine's
+slower than a setting of the build that reached it, so "best recall@10" is the highest recall of the settings run.
+A peer's sweep is also cut at its first setting that takes over 10 times as long as the index's fastest setting
+reaching 0.99 (its settings beyond are slower still): a recall it did not reach reads "not reached (cut by time)",
+and there the index is more than 10 times as fast. Engines run one after another. "At recall r": the engine's
 (and build's) fastest setting whose recall@10 is at least r; "index / peer" divides the index's queries/s at r by
 the peer's. Build s: the engine's index from the stored vectors (for the index: its FAISS stage and the
 calibration; the vectors' own file is written by every engine's input step alike; index exact's is the opening of
@@ -59,6 +62,8 @@ from pyterrier_multiquery.experiment.evaluation import write_report
 RESULTS = Path(__file__).parent / 'results'
 WORKER = Path(__file__).parent / 'bench_peer_worker.py'
 K = 10
+#: A peer's sweep is cut at its first setting this many times slower than the index's fastest reaching 0.99.
+SLOWEST_RATIO = 10
 CANDIDATES = [16, 23, 32, 45, 64, 91, 128, 181, 256, 362, 512, 724, 1024, 1448, 2048]
 PLAID_SEARCHES = [{'n_ivf_probe': p, 'n_full_scores': f}
                   for p, f in ((4, 256), (8, 1024), (8, 4096), (16, 4096), (32, 8192), (64, 16384))]
@@ -139,13 +144,22 @@ def run_workload(name: str, args, pythons: dict, work: Path, index_build: Option
         job = {'engine': engine, 'index': str(index.path), 'queries': str(queries_file),
                'reference': str(reference_file), 'work': str(args.work_dir / 'peer-builds' / name),
                'threads': args.threads, 'repeats': args.repeats, 'reuse': args.reuse_builds,
-               'index build': index_build, 'builds': [{'build': build, 'searches': searches}]}
+               'index build': index_build, 'slowest s': None if engine == 'index' else slowest(rows),
+               'builds': [{'build': build, 'searches': searches}]}
         for row in run_build(pythons[python], job, work):
             row.update(workload=name, documents=documents, queries=len(queries))
             rows.append(row)
             with open(work / 'rows.jsonl', 'a') as log:
                 log.write(json.dumps(row) + '\n')
     return rows
+
+
+def slowest(rows: list) -> Optional[float]:
+    """:data:`SLOWEST_RATIO` times the median round of the index's fastest setting reaching recall@10 0.99 among
+    ``rows`` (None where it has none)."""
+    rounds = [float(np.median(r['rounds s'])) for r in rows
+              if r['engine'] == 'index' and 'rounds s' in r and r['recall@10'] >= 0.99]
+    return SLOWEST_RATIO * min(rounds) if rounds else None
 
 
 def tables(rows: list):
@@ -156,7 +170,8 @@ def tables(rows: list):
         'index MiB': r['index bytes'] / 2 ** 20, 'build peak RSS MiB': r['build peak RSS MiB'],
         'build baseline RSS MiB': r.get('build baseline RSS MiB', np.nan),
         'search peak RSS MiB': r['search peak RSS MiB'], 'baseline RSS MiB': r['baseline RSS MiB'],
-        'built at': r.get('built at', 'this run')}
+        'built at': r.get('built at', 'this run'),
+        'cut by time': bool(r.get('cut by time'))}
         for r in rows if 'rounds s' in r])
     matched = []
     for (name, system), group in table.groupby(['workload', 'system'], sort=False):
@@ -170,7 +185,7 @@ def tables(rows: list):
             reached = group[group['recall@10'] >= target]
             entry[f'QPS at {target}'] = reached['QPS'].max() if len(reached) else np.nan
             entry[f'setting at {target}'] = reached.loc[reached['QPS'].idxmax(), 'setting'] if len(reached) else \
-                'not reached'
+                'not reached (cut by time)' if group['cut by time'].any() else 'not reached'
         matched.append(entry)
     matched = pd.DataFrame(matched)
     for target in (0.95, 0.99):

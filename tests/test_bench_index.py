@@ -34,11 +34,16 @@ def test_the_index_is_compared_with_the_fastest_peer_that_reaches_the_recall(ben
         {'workload': 'a', 'system': 'fast-plaid (nbits=4)', 'QPS at 0.95': np.nan},
         {'workload': 'b', 'system': 'index approx', 'QPS at 0.95': 50.0},
         {'workload': 'b', 'system': 'fast-plaid (nbits=4)', 'QPS at 0.95': np.nan},
-        {'workload': 'c', 'system': 'index approx', 'QPS at 0.95': 50.0}])
+        {'workload': 'c', 'system': 'index approx', 'QPS at 0.95': 50.0},
+        {'workload': 'd', 'system': 'index approx', 'QPS at 0.95': 50.0},
+        {'workload': 'd', 'system': 'fast-plaid (nbits=8)', 'QPS at 0.95': np.nan,
+         'setting at 0.95': 'not reached (cut by time)'}])
+    matched['setting at 0.95'] = matched['setting at 0.95'].fillna('not reached')
     peers = bench.fastest_peers(matched, 0.95)
     assert peers['a'] == ('muvera: 120 q/s', 2.5)
     assert peers['b'][0] == 'none reaches it' and np.isnan(peers['b'][1])
     assert 'c' not in peers   # no peer ran there
+    assert peers['d'][0] == 'none reaches it (a sweep cut by time: index over 10x)' and np.isnan(peers['d'][1])
 
 
 def test_a_tiny_run_of_both_parts_writes_the_report(bench, tmp_path, monkeypatch):

@@ -80,9 +80,9 @@ class SweepEngine:
         return [self.reference[f'q{i}'][:keep] for i in range(len(queries))]
 
 
-def sweep(default_seconds, seconds_per_candidate):
-    """(settings run, their recall, settings searched) of warm_up over the calibrated default and candidates=40 to 200
-    of :class:`SweepEngine`."""
+def sweep(default_seconds, seconds_per_candidate, slowest=np.inf, default=True):
+    """(settings run, their recall, whether cut by time, settings searched, settings given) of warm_up over the
+    calibrated default (unless not ``default``) and candidates=40 to 200 of :class:`SweepEngine`."""
     sys.path.insert(0, str(EXPERIMENTS))
     try:
         import bench_peer_worker
@@ -90,18 +90,38 @@ def sweep(default_seconds, seconds_per_candidate):
         sys.path.remove(str(EXPERIMENTS))
     reference = {'q0': list(range(10)), 'q1': list(range(10, 20))}
     engine = SweepEngine(reference, default_seconds, seconds_per_candidate)
-    settings = [{'exact': False}] + [{'exact': False, 'candidates': c} for c in (40, 90, 100, 200)]
-    searches, recalls = bench_peer_worker.warm_up(engine, np.zeros((2, 1, 4)), settings, reference)
-    return searches, recalls, engine.ran, settings
+    settings = [{'exact': False}] * default + [{'exact': False, 'candidates': c} for c in (40, 90, 100, 200)]
+    searches, recalls, cut = bench_peer_worker.warm_up(engine, np.zeros((2, 1, 4)), settings, reference, slowest)
+    return searches, recalls, cut, engine.ran, settings
 
 
 def test_a_sweep_stops_at_its_first_setting_that_reaches_recall_099():
-    searches, recalls, ran, settings = sweep(default_seconds=0.3, seconds_per_candidate=0.0001)
+    searches, recalls, cut, ran, settings = sweep(default_seconds=0.3, seconds_per_candidate=0.0001)
     # the calibrated default (its own sweep) reaches 0.99 and the candidate sweep still runs, to its first 1.0
-    assert searches == ran == settings[:4] and recalls == [1.0, 0.4, 0.9, 1.0]
+    assert searches == ran == settings[:4] and recalls == [1.0, 0.4, 0.9, 1.0] and not cut
 
 
 def test_a_sweep_stops_at_its_first_setting_slower_than_one_that_reached_recall_099():
-    searches, recalls, ran, settings = sweep(default_seconds=0.02, seconds_per_candidate=0.005)
+    searches, recalls, cut, ran, settings = sweep(default_seconds=0.02, seconds_per_candidate=0.005)
     # candidates=40 (0.2 s) is slower than the calibrated default (0.02 s, recall 1.0): 90 and on are not run
-    assert searches == ran == settings[:2] and recalls == [1.0, 0.4]
+    assert searches == ran == settings[:2] and recalls == [1.0, 0.4] and not cut
+
+
+def test_a_sweep_is_cut_at_its_first_setting_slower_than_the_bound():
+    searches, recalls, cut, ran, settings = sweep(0., seconds_per_candidate=0.001, slowest=0.06, default=False)
+    # candidates=40 takes 0.04 s, 90 takes 0.09 s > 0.06 without reaching 0.99: 100 and 200 are not run
+    assert searches == ran == settings[:2] and recalls == [0.4, 0.9] and cut
+
+
+def test_the_bound_is_ten_times_the_index_fastest_round_reaching_099():
+    sys.path.insert(0, str(EXPERIMENTS))
+    try:
+        import bench_peers
+    finally:
+        sys.path.remove(str(EXPERIMENTS))
+    rows = [{'engine': 'index', 'rounds s': [3., 2., 9.], 'recall@10': 1.0},      # median 3
+            {'engine': 'index', 'rounds s': [1., 1., 1.], 'recall@10': 0.98},     # faster, below 0.99
+            {'engine': 'index', 'rounds s': [4., 5., 6.], 'recall@10': 0.995},    # median 5
+            {'engine': 'fast-plaid', 'rounds s': [.1, .1, .1], 'recall@10': 1.0}]  # a peer's rows do not count
+    assert bench_peers.slowest(rows) == 30.
+    assert bench_peers.slowest(rows[1:2]) is None
