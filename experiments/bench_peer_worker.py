@@ -14,12 +14,12 @@ the build is timed, each search setting runs once (its top 10 gives recall@10 ag
 ``repeats`` rounds each run every setting once (interleaved). The settings of a sweep (those naming the same
 parameters, listed from the cheapest) stop at the first one whose recall@10 reaches 0.99, or that took longer than a
 setting already run that reached 0.99: the larger ones cost more and cannot be the fastest at a matched recall of
-0.95 or 0.99; and at the first one that took longer than ``slowest s`` without reaching it (its rows: "cut by
-time"). Prints one JSON list of rows as the last line: engine, build, search, "rounds s", recall@10, "build s",
-"index bytes", and the process's peak resident memory (VmHWM, reset before each phase) during the build and during
-the searches ("build peak RSS MiB", "search peak RSS MiB": the interpreter and its libraries included, and the pages
-of memory-mapped files read), and its RSS before the first build, with torch imported ("baseline RSS MiB"), and just
-before each build ("build baseline RSS MiB").
+0.95 or 0.99; and at the first one that took longer than ``slowest s`` without reaching it (not timed further: its
+"rounds s" is null; the build's rows: "cut by time"). Prints one JSON list of rows as the last line: engine, build,
+search, "rounds s", recall@10, "build s", "index bytes", and the process's peak resident memory (VmHWM, reset before
+each phase) during the build and during the searches ("build peak RSS MiB", "search peak RSS MiB": the interpreter
+and its libraries included, and the pages of memory-mapped files read), and its RSS before the first build, with
+torch imported ("baseline RSS MiB"), and just before each build ("build baseline RSS MiB").
 
 A peer's build lands in a folder of ``work`` named by a hash of what made it (engine, its version, the build
 parameters, the stored vectors' checksums, threads); its record (build.json: build s, build peak RSS MiB, the time
@@ -227,13 +227,14 @@ class Index:
 
 
 def warm_up(engine, queries: np.ndarray, settings: list, reference: dict, slowest: float = np.inf) -> tuple:
-    """Runs each setting once: ``(settings run, their recall@10, whether a sweep was cut by time)``. A sweep (the
+    """Runs each setting once: ``(settings run, their recall@10, the positions of those that cut a sweep by time)``.
+    A sweep (the
     settings naming the same parameters) stops at its first setting whose recall@10 reaches :data:`STOP_RECALL`, or
     that took longer than a setting already run that reached it (the index's calibrated default, exact search on
     MiniLM's token vectors, against its candidate counts): that setting, and the larger ones, cannot be the fastest
     at a matched recall. It is cut at its first setting that took longer than ``slowest`` seconds without reaching
-    it: the larger ones are slower still."""
-    searches, recalls, stopped, fastest_reaching, cut = [], [], set(), np.inf, False
+    it: the larger ones are slower still (that setting is not timed further)."""
+    searches, recalls, stopped, fastest_reaching, cut = [], [], set(), np.inf, set()
     for setting in settings:
         sweep = tuple(sorted(setting))
         if sweep in stopped:
@@ -249,7 +250,7 @@ def warm_up(engine, queries: np.ndarray, settings: list, reference: dict, slowes
             stopped.add(sweep)
         elif seconds > slowest:
             stopped.add(sweep)
-            cut = True
+            cut.add(len(searches) - 1)
     return searches, recalls, cut
 
 
@@ -307,9 +308,11 @@ def main(job_file):
         reset_peak()
         searches, recalls, cut = warm_up(engine, queries, plan['searches'], reference,
                                          job.get('slowest s') or np.inf)
-        rounds = [[] for _ in searches]
+        rounds = [None if i in cut else [] for i in range(len(searches))]
         for _ in range(job['repeats']):
             for setting, seconds in zip(searches, rounds):
+                if seconds is None:
+                    continue
                 start = time.perf_counter()
                 engine.search(queries, setting)
                 seconds.append(time.perf_counter() - start)
@@ -318,7 +321,7 @@ def main(job_file):
         for setting, seconds, recall in zip(searches, rounds, recalls):
             rows.append({'engine': job['engine'], 'build': plan['build'], 'search': setting, 'rounds s': seconds,
                          'recall@10': recall, 'index bytes': folder_bytes(engine.folder),
-                         'search peak RSS MiB': search_peak, 'baseline RSS MiB': baseline, 'cut by time': cut,
+                         'search peak RSS MiB': search_peak, 'baseline RSS MiB': baseline, 'cut by time': bool(cut),
                          **record, **extra})
     print(json.dumps(rows))
 

@@ -25,19 +25,19 @@ PyLate, which pins its own torch and fast-plaid, in another), all on ``--threads
 Within a build, every search setting runs once (its top 10 gives recall@10 against the reference), then
 ``--repeats`` rounds each run every setting once (interleaved); queries/s = queries / median round. A sweep (the
 settings naming the same parameters, from the cheapest) stops at its first setting reaching recall@10 0.99, or
-slower than a setting of the build that reached it, so "best recall@10" is the highest recall of the settings run.
-A peer's sweep is also cut at its first setting that takes over 10 times as long as the index's fastest setting
-reaching 0.99 (its settings beyond are slower still): a recall it did not reach reads "not reached (cut by time)",
-and there the index is more than 10 times as fast. Engines run one after another. "At recall r": the engine's
-(and build's) fastest setting whose recall@10 is at least r; "index / peer" divides the index's queries/s at r by
-the peer's. Build s: the engine's index from the stored vectors (for the index: its FAISS stage and the
-calibration; the vectors' own file is written by every engine's input step alike; index exact's is the opening of
-the index). Index MiB: the engine's files (index exact: the stored vectors
-alone). Build and search peak RSS: the worker process's peak resident memory (VmHWM, reset before each phase) while
-it builds and while it searches (all settings of the build), the interpreter, torch and the pages of memory-mapped
-files read included; "baseline RSS MiB" is the worker's before its build, with torch imported, and "build baseline
-RSS MiB" the process's just before the build (for bench_index.py's index approx: part 1's process, before its
-FAISS build; not recorded by builds made before it was).
+slower than a setting of the build that reached it, so "best recall@10" is the highest recall of the settings run. A
+peer's sweep is also cut at its first setting that takes over 10 times as long as the index's fastest setting
+reaching 0.99 (its settings beyond are slower still): that setting is not timed further (its QPS is blank), and a
+recall no timed setting reached reads "not reached (cut by time)": there the index is more than 10 times as fast.
+Engines run one after another. "At recall r": the engine's (and build's) fastest setting whose recall@10 is at least
+r; "index / peer" divides the index's queries/s at r by the peer's. Build s: the engine's index from the stored
+vectors (for the index: its FAISS stage and the calibration; the vectors' own file is written by every engine's
+input step alike; index exact's is the opening of the index). Index MiB: the engine's files (index exact: the stored
+vectors alone). Build and search peak RSS: the worker process's peak resident memory (VmHWM, reset before each
+phase) while it builds and while it searches (all settings of the build), the interpreter, torch and the pages of
+memory-mapped files read included; "baseline RSS MiB" is the worker's before its build, with torch imported, and
+"build baseline RSS MiB" the process's just before the build (for bench_index.py's index approx: part 1's process,
+before its FAISS build; not recorded by builds made before it was).
 Writes experiments/results/bench_peers.{md,json,png} after each workload; ``--rows`` writes them from the rows a run
 logged (rows.jsonl in its temporary folder), for a run cut short.
 """
@@ -158,7 +158,7 @@ def slowest(rows: list) -> Optional[float]:
     """:data:`SLOWEST_RATIO` times the median round of the index's fastest setting reaching recall@10 0.99 among
     ``rows`` (None where it has none)."""
     rounds = [float(np.median(r['rounds s'])) for r in rows
-              if r['engine'] == 'index' and 'rounds s' in r and r['recall@10'] >= 0.99]
+              if r['engine'] == 'index' and r.get('rounds s') and r['recall@10'] >= 0.99]
     return SLOWEST_RATIO * min(rounds) if rounds else None
 
 
@@ -166,7 +166,8 @@ def tables(rows: list):
     """Every setting's row, and each system's queries/s at matched recall with the index's ratio over it."""
     table = pd.DataFrame([{
         'workload': r['workload'], 'system': system_name(r), 'setting': setting_name(r),
-        'QPS': r['queries'] / float(np.median(r['rounds s'])), 'recall@10': r['recall@10'], 'build s': r['build s'],
+        'QPS': r['queries'] / float(np.median(r['rounds s'])) if r['rounds s'] else np.nan,
+        'recall@10': r['recall@10'], 'build s': r['build s'],
         'index MiB': r['index bytes'] / 2 ** 20, 'build peak RSS MiB': r['build peak RSS MiB'],
         'build baseline RSS MiB': r.get('build baseline RSS MiB', np.nan),
         'search peak RSS MiB': r['search peak RSS MiB'], 'baseline RSS MiB': r['baseline RSS MiB'],
@@ -182,7 +183,7 @@ def tables(rows: list):
                  'search peak RSS MiB': group['search peak RSS MiB'].iloc[0],
                  'baseline RSS MiB': group['baseline RSS MiB'].iloc[0], 'built at': group['built at'].iloc[0]}
         for target in (0.95, 0.99):
-            reached = group[group['recall@10'] >= target]
+            reached = group[(group['recall@10'] >= target) & group['QPS'].notna()]
             entry[f'QPS at {target}'] = reached['QPS'].max() if len(reached) else np.nan
             entry[f'setting at {target}'] = reached.loc[reached['QPS'].idxmax(), 'setting'] if len(reached) else \
                 'not reached (cut by time)' if group['cut by time'].any() else 'not reached'

@@ -110,7 +110,28 @@ def test_a_sweep_stops_at_its_first_setting_slower_than_one_that_reached_recall_
 def test_a_sweep_is_cut_at_its_first_setting_slower_than_the_bound():
     searches, recalls, cut, ran, settings = sweep(0., seconds_per_candidate=0.001, slowest=0.06, default=False)
     # candidates=40 takes 0.04 s, 90 takes 0.09 s > 0.06 without reaching 0.99: 100 and 200 are not run
-    assert searches == ran == settings[:2] and recalls == [0.4, 0.9] and cut
+    assert searches == ran == settings[:2] and recalls == [0.4, 0.9] and cut == {1}
+
+
+def test_a_recall_reached_only_by_an_untimed_setting_reads_cut_by_time():
+    sys.path.insert(0, str(EXPERIMENTS))
+    try:
+        import bench_peers
+    finally:
+        sys.path.remove(str(EXPERIMENTS))
+    common = {'workload': 'w', 'queries': 10, 'build s': 1., 'index bytes': 2 ** 20, 'build peak RSS MiB': 1.,
+              'search peak RSS MiB': 1., 'baseline RSS MiB': 1.}
+    rows = [{**common, 'engine': 'index', 'build': {'ann': True}, 'search': {'exact': False}, 'rounds s': [.1] * 3,
+             'recall@10': 1.0, 'cut by time': False},
+            {**common, 'engine': 'fast-plaid', 'build': {'nbits': 4}, 'search': {'n_ivf_probe': 4},
+             'rounds s': [.5] * 3, 'recall@10': 0.9, 'cut by time': True},
+            {**common, 'engine': 'fast-plaid', 'build': {'nbits': 4}, 'search': {'n_ivf_probe': 8},
+             'rounds s': None, 'recall@10': 0.96, 'cut by time': True}]
+    table, matched = bench_peers.tables(rows)
+    assert np.isnan(table['QPS'].iloc[2]) and table['QPS'].iloc[1] == 20.
+    peer = matched.set_index('system').loc['fast-plaid (nbits=4)']
+    assert peer['setting at 0.95'] == 'not reached (cut by time)' and np.isnan(peer['QPS at 0.95'])
+    assert matched.set_index('system').loc['index approx', 'QPS at 0.95'] == 100.
 
 
 def test_the_bound_is_ten_times_the_index_fastest_round_reaching_099():
