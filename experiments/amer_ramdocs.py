@@ -86,7 +86,7 @@ def main():
     parser.add_argument('--epochs', type=int, default=8, help='most epochs (the best on dev is kept)')
     parser.add_argument('--num-vectors', type=int, default=2)
     parser.add_argument('--learning-rate', type=float, default=1e-4)
-    parser.add_argument('--threads', type=int, default=1)
+    parser.add_argument('--threads', type=int, default=2, help='torch threads (default: 2)')
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
