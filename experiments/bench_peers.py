@@ -26,18 +26,18 @@ Within a build, every search setting runs once (its top 10 gives recall@10 again
 ``--repeats`` rounds each run every setting once (interleaved); queries/s = queries / median round. A sweep (the
 settings naming the same parameters, from the cheapest) stops at its first setting reaching recall@10 0.99, or
 slower than a setting of the build that reached it, so "best recall@10" is the highest recall of the settings run. A
-peer's sweep is also cut at its first setting that takes over 10 times as long as the index's fastest setting
-reaching 0.99 (its settings beyond are slower still): that setting is not timed further (its QPS is blank), and a
-recall no timed setting reached reads "not reached (cut by time)": there the index is more than 10 times as fast.
-Engines run one after another. "At recall r": the engine's (and build's) fastest setting whose recall@10 is at least
-r; "index / peer" divides the index's queries/s at r by the peer's. Build s: the engine's index from the stored
-vectors (for the index: its FAISS stage and the calibration; the vectors' own file is written by every engine's
-input step alike; index exact's is the opening of the index). Index MiB: the engine's files (index exact: the stored
-vectors alone). Build and search peak RSS: the worker process's peak resident memory (VmHWM, reset before each
-phase) while it builds and while it searches (all settings of the build), the interpreter, torch and the pages of
-memory-mapped files read included; "baseline RSS MiB" is the worker's before its build, with torch imported, and
-"build baseline RSS MiB" the process's just before the build (for bench_index.py's index approx: part 1's process,
-before its FAISS build; not recorded by builds made before it was).
+peer's sweep is also cut at its first setting whose pass over the queries takes over 10 times as long as the index's
+fastest setting reaching 0.99, and over a minute (its settings beyond are slower still): that setting is not timed
+further (its QPS is blank), and a recall no timed setting reached reads "not reached (cut by time)": there the index
+is more than 10 times as fast. Engines run one after another. "At recall r": the engine's (and build's) fastest
+setting whose recall@10 is at least r; "index / peer" divides the index's queries/s at r by the peer's. Build s: the
+engine's index from the stored vectors (for the index: its FAISS stage and the calibration; the vectors' own file is
+written by every engine's input step alike; index exact's is the opening of the index). Index MiB: the engine's
+files (index exact: the stored vectors alone). Build and search peak RSS: the worker process's peak resident memory
+(VmHWM, reset before each phase) while it builds and while it searches (all settings of the build), the interpreter,
+torch and the pages of memory-mapped files read included; "baseline RSS MiB" is the worker's before its build, with
+torch imported, and "build baseline RSS MiB" the process's just before the build (for bench_index.py's index approx:
+part 1's process, before its FAISS build; not recorded by builds made before it was).
 Writes experiments/results/bench_peers.{md,json,png} after each workload; ``--rows`` writes them from the rows a run
 logged (rows.jsonl in its temporary folder), for a run cut short.
 """
@@ -62,8 +62,10 @@ from pyterrier_multiquery.experiment.evaluation import write_report
 RESULTS = Path(__file__).parent / 'results'
 WORKER = Path(__file__).parent / 'bench_peer_worker.py'
 K = 10
-#: A peer's sweep is cut at its first setting this many times slower than the index's fastest reaching 0.99.
+#: A peer's sweep is cut at its first setting this many times slower than the index's fastest reaching 0.99...
 SLOWEST_RATIO = 10
+#: ... and slower than this many seconds a pass (at 100k documents every peer setting runs in a few seconds).
+SLOWEST_FLOOR_S = 60
 CANDIDATES = [16, 23, 32, 45, 64, 91, 128, 181, 256, 362, 512, 724, 1024, 1448, 2048]
 PLAID_SEARCHES = [{'n_ivf_probe': p, 'n_full_scores': f}
                   for p, f in ((4, 256), (8, 1024), (8, 4096), (16, 4096), (32, 8192), (64, 16384))]
@@ -156,10 +158,10 @@ def run_workload(name: str, args, pythons: dict, work: Path, index_build: Option
 
 def slowest(rows: list) -> Optional[float]:
     """:data:`SLOWEST_RATIO` times the median round of the index's fastest setting reaching recall@10 0.99 among
-    ``rows`` (None where it has none)."""
+    ``rows``, or :data:`SLOWEST_FLOOR_S` where that is more (None where the index has no such setting)."""
     rounds = [float(np.median(r['rounds s'])) for r in rows
               if r['engine'] == 'index' and r.get('rounds s') and r['recall@10'] >= 0.99]
-    return SLOWEST_RATIO * min(rounds) if rounds else None
+    return max(SLOWEST_RATIO * min(rounds), SLOWEST_FLOOR_S) if rounds else None
 
 
 def tables(rows: list):
