@@ -228,12 +228,12 @@ class Index:
 
 def warm_up(engine, queries: np.ndarray, settings: list, reference: dict, slowest: float = np.inf) -> tuple:
     """Runs each setting once: ``(settings run, their recall@10, the positions of those that cut a sweep by time)``.
-    A sweep (the
-    settings naming the same parameters) stops at its first setting whose recall@10 reaches :data:`STOP_RECALL`, or
-    that took longer than a setting already run that reached it (the index's calibrated default, exact search on
-    MiniLM's token vectors, against its candidate counts): that setting, and the larger ones, cannot be the fastest
-    at a matched recall. It is cut at its first setting that took longer than ``slowest`` seconds without reaching
-    it: the larger ones are slower still (that setting is not timed further)."""
+
+    A sweep (the settings naming the same parameters) stops at its first setting whose recall@10 reaches
+    :data:`STOP_RECALL`, or that took longer than a setting already run that reached it (the index's calibrated
+    default, exact search on MiniLM's token vectors, against its candidate counts): that setting, and the larger
+    ones, cannot be the fastest at a matched recall. It is cut at its first setting that took longer than
+    ``slowest`` seconds without reaching it: the larger ones are slower still (that setting is not timed further)."""
     searches, recalls, stopped, fastest_reaching, cut = [], [], set(), np.inf, set()
     for setting in settings:
         sweep = tuple(sorted(setting))
