@@ -26,10 +26,12 @@ Systems, all on the same threads, each returning each query's top 10 by MaxSim (
   the workload's queries, which the calibration never saw. "ANN build peak RSS MiB": the process's peak resident
   memory (VmHWM, reset before the FAISS build) while it builds and calibrates; "ANN build baseline RSS MiB": its
   resident memory before (with what earlier workloads left resident, such as pages of their memory-mapped files).
-Timing: one warm-up run each (its top 10 gives recall against the others), then ``--repeats`` interleaved rounds,
-the order rotated a system each round, so that no system always follows the same one (in a fixed order, the
-approximate search that fell back to exact search on MiniLM's vectors, the same code as index exact, ran at 0.85
-times its speed right after the einsum reference); medians. GFLOP/s counts the useful products only (2 x query
+Timing: ``--repeats`` interleaved rounds, the order rotated a system each round; in a round each system searches
+once untimed (its top 10 gives recall against the others) and then once timed, medians. A timed search thus always
+follows its own system's: on MiniLM's vectors, whatever ran right after the einsum reference (its products take
+10 GB at a time, beside the process's 12 GB) was up to 1.7 times slower, and a rotation alone left the same system after
+it in two rounds of three (the approximate search that fell back to exact search, the very code of index exact,
+was timed at 0.67 and 0.85 times its speed). GFLOP/s counts the useful products only (2 x query
 vectors x stored vectors x dims, padding not counted); "% of peak" divides by the higher of two float32 peaks, each
 the median of 5 4096^3 matmuls on the same threads, measured before and after the workloads (both reported). Writes
 experiments/results/bench_exact.{md,json,png}.
@@ -192,6 +194,22 @@ def workload(name: str, work: Path, data_root: Path):
     return index, list(np.load(queries_file))
 
 
+def timed_rounds(systems: dict, repeats: int):
+    """Each system's top 10s and the seconds of its ``repeats`` timed searches: in each round every system (in
+    turn, the order rotated a system a round) searches once untimed and then once timed, so that a timed search
+    always follows its own system's and pays nothing that another system left behind (pages it evicted, memory it
+    freed)."""
+    tops, seconds = {}, {key: [] for key in systems}
+    order = list(systems)
+    for round_ in range(repeats):
+        for key in order[round_ % len(order):] + order[:round_ % len(order)]:
+            tops[key] = systems[key].search()
+            start = time.perf_counter()
+            systems[key].search()
+            seconds[key].append(time.perf_counter() - start)
+    return tops, seconds
+
+
 def run_workload(name: str, args, work: Path) -> dict:
     """Builds (or reopens) the workload's index, times both systems interleaved, returns the table's row."""
     index, queries = workload(name, work, args.data_root)
@@ -200,14 +218,7 @@ def run_workload(name: str, args, work: Path) -> dict:
     systems = {'index exact': IndexExact(index, queries, args.threads),
                'einsum reference': EinsumReference(index, queries),
                'index approx': IndexCalibrated(index, queries, args.threads)}
-    tops = {key: system.search() for key, system in systems.items()}
-    seconds = {key: [] for key in systems}
-    order = list(systems)
-    for round_ in range(args.repeats):
-        for key in order[round_ % len(order):] + order[:round_ % len(order)]:  # rotated a system a round
-            start = time.perf_counter()
-            systems[key].search()
-            seconds[key].append(time.perf_counter() - start)
+    tops, seconds = timed_rounds(systems, args.repeats)
     flops = 2 * sum(len(q) for q in queries) * meta['vec_count'] * meta['dim']
     lengths = np.diff(offsets)
     row = {'workload': name, 'documents': meta['doc_count'], 'vectors/doc': f'{lengths.min()}-{lengths.max()}'

@@ -55,3 +55,19 @@ def test_a_tiny_run_writes_the_report(bench, tmp_path, monkeypatch):
         assert row['recall@10 approx vs exact'] == 1.0 if row['approx candidates'] == 'exact' else \
             row['recall@10 approx vs exact'] >= 0.9
     assert out.with_suffix('.png').exists()
+
+
+def test_every_timed_search_follows_an_untimed_one_of_its_own_system(bench):
+    calls = []
+
+    class System:
+        def __init__(self, name):
+            self.name = name
+
+        def search(self):
+            calls.append(self.name)
+            return [self.name]
+
+    tops, seconds = bench.timed_rounds({name: System(name) for name in 'abc'}, repeats=3)
+    assert calls == list('aabbcc' 'bbccaa' 'ccaabb')   # untimed then timed, the order rotated a system a round
+    assert tops == {'a': ['a'], 'b': ['b'], 'c': ['c']} and all(len(s) == 3 for s in seconds.values())
