@@ -29,10 +29,10 @@ Systems, all on the same threads, each returning each query's top 10 by MaxSim (
 Timing: ``--repeats`` interleaved rounds, the order rotated a system each round; in a round each system searches
 once untimed (its top 10 gives recall against the others) and then once timed, medians. A timed search thus always
 follows its own system's: on MiniLM's vectors, whatever ran right after the einsum reference (its products take
-10 GB at a time, beside the process's 12 GB) was up to 1.7 times slower, and a rotation alone left the same system after
-it in two rounds of three (the approximate search that fell back to exact search, the very code of index exact,
-was timed at 0.67 and 0.85 times its speed). GFLOP/s counts the useful products only (2 x query
-vectors x stored vectors x dims, padding not counted); "% of peak" divides by the higher of two float32 peaks, each
+10 GB at a time, beside the process's 12 GB) was up to 1.7 times slower, and a rotation alone left the same system
+after it in two rounds of three (the approximate search that fell back to exact search, the very code of index
+exact, was timed at 0.67 and 0.85 times its speed). GFLOP/s counts the useful products only (2 x query vectors x
+stored vectors x dims, padding not counted); "% of peak" divides by the higher of two float32 peaks, each
 the median of 5 4096^3 matmuls on the same threads, measured before and after the workloads (both reported). Writes
 experiments/results/bench_exact.{md,json,png}.
 """
@@ -211,7 +211,7 @@ def timed_rounds(systems: dict, repeats: int):
 
 
 def run_workload(name: str, args, work: Path) -> dict:
-    """Builds (or reopens) the workload's index, times both systems interleaved, returns the table's row."""
+    """Builds (or reopens) the workload's index, times its three systems interleaved, returns the table's row."""
     index, queries = workload(name, work, args.data_root)
     meta, vectors, offsets, _ = index.payload()
     torch.set_num_threads(args.threads)
