@@ -3,6 +3,7 @@ killed mid-batch is restarted and its part retried, past the bound a clear error
 is the one-process build, and a failing task leaves nothing. Ray runs locally on 2 CPUs, started once per module."""
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -189,6 +190,25 @@ def test_a_failing_task_leaves_nothing(ray, tmp_path):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ValueError, match='nothing to index: no parts were given'):
         indexer.index([])
+
+
+def slow_part():
+    """A part whose documents come after a minute of interruptible work: a task a failure elsewhere must stop."""
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        time.sleep(0.01)
+    return list(documents(0, 5))
+
+
+def test_a_failing_task_interrupts_the_tasks_still_running(ray, tmp_path):
+    # a tenth of a CPU each: both run at once beside the module's actors
+    indexer = ShardedMultiVectorIndex(tmp_path / 'index', verbose=False).ray_indexer(num_cpus=0.1)
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="document 'x2' has vectors of size 9, expected 8"):
+        indexer.index([slow_part, bad_part])
+    assert time.monotonic() - start < 30  # the slow task was interrupted, not waited for
+    assert list(tmp_path.iterdir()) == []
+    assert len(indexer.index([lambda: documents(0, 5)])) == 5  # the interrupted task's worker serves on
 
 
 def test_the_index_never_imports_ray(tmp_path):

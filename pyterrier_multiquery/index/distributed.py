@@ -253,7 +253,10 @@ def run_tasks(function: Callable, arguments: List[tuple], names: List[str], *, n
     """Runs ``function(*args)`` for each of ``arguments`` as Ray tasks at once, all or nothing.
 
     At the first failure (or an interruption here) the other tasks are cancelled, and waited for until none runs,
-    so that none writes anything afterwards; then the error is raised, with a note naming the task.
+    so that none writes anything afterwards; then the error is raised, with a note naming the task. The cancellation
+    interrupts a task (a ``KeyboardInterrupt`` in it) rather than killing its worker: a killed worker could take a
+    later call's task down with it (a ``WorkerCrashedError``), and an interrupted task's result is only ready once
+    it has stopped.
 
     Args:
         function: A module-level function (Ray sends it to the nodes by reference).
@@ -285,7 +288,7 @@ def run_tasks(function: Callable, arguments: List[tuple], names: List[str], *, n
             progress.update()
     except BaseException:
         for ref in pending:
-            ray.cancel(ref, force=True)
+            ray.cancel(ref)
         ray.wait(list(pending), num_returns=len(pending))
         raise
     finally:
