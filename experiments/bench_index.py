@@ -6,6 +6,11 @@ recall@10.
                                       [--reuse-builds] [--workloads ...] [--peer-workloads ...] [--engines ...]
                                       [--threads 2] [--repeats 3] [--work-dir /tmp/bench_exact] [--data-root DIR]
 
+The peers run in two venvs of their own (torch 2.11, which both pin: a CUDA build, run on the CPU; about 5 GB each):
+
+    python -m venv /venv-fp && /venv-fp/bin/pip install fast-plaid==1.7.0.2110 muvera-python==0.2.0 torch==2.11.0
+    python -m venv /venv-pylate && /venv-pylate/bin/pip install pylate==1.6.0 voyager==2.0.9 torch==2.11.0
+
 Two parts, one after the other, on the same threads (each workload's index and queries are written to
 ``--work-dir`` by the first run and reused by later ones):
 1. Every workload of ``--workloads`` (experiments/bench_exact.py): index exact against the einsum reference, and the
