@@ -230,7 +230,8 @@ def run_workload(name: str, args, work: Path) -> dict:
     row['index / einsum'] = medians['einsum reference'] / medians['index exact']
     row['recall@10 index vs einsum'] = recall(tops['index exact'], tops['einsum reference'])
     calibrated = systems['index approx']
-    row['approx candidates'] = calibrated.calibration.candidates or 'exact'
+    found = calibrated.calibration
+    row['approx candidates'] = f'{found.candidates} (effort {found.search_effort})' if found.candidates else 'exact'
     row['approx QPS'] = len(queries) / medians['index approx']
     row['approx / index exact'] = medians['index exact'] / medians['index approx']
     row['recall@10 approx vs exact'] = recall(tops['index approx'], tops['index exact'])

@@ -17,10 +17,11 @@ Two parts, one after the other, on the same threads (each workload's index and q
    approximate search at its calibrated defaults, interleaved; its FAISS build and self-test are timed, with the
    process's peak memory while they run. The float32 matmul peak is measured before and after the part.
 2. Every workload of ``--peer-workloads`` (experiments/bench_peers.py): index exact, index approx at its calibrated
-   default and at candidate counts 16 to 2,048 (the FAISS stage and calibration of part 1, with part 1's times and
-   memory), fast-plaid, PyLate's PLAID and Voyager and MUVERA, each at a small sweep of its settings in its own
-   process and venv. With ``--reuse-builds`` a peer's earlier build of the same vectors, version, parameters and
-   threads is reopened: its build time and memory are those recorded when it was built, and the table says when.
+   default and at candidate counts 16 to 2,048 at its calibrated search effort (the FAISS stage and calibration of
+   part 1, with part 1's times and memory), fast-plaid, PyLate's PLAID and Voyager and MUVERA, each at a small sweep
+   of its settings in its own process and venv. With ``--reuse-builds`` a peer's earlier build of the same vectors,
+   version, parameters and threads is reopened: its build time and memory are those recorded when it was built, and
+   the table says when.
 
 The headline table gives each workload's ratios: index exact over the einsum reference, the share of the matmul peak
 (the higher of the two measurements), the approximate search over exact with its recall@10, and (on the peer

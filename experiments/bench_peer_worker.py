@@ -185,7 +185,8 @@ class Muvera:
 
 class Index:
     """This project's MultiVectorIndex (run by the project's Python): its FAISS candidate stage built and its
-    candidate count calibrated, both timed, for approximate searches; searches are retriever arguments."""
+    candidate count and search effort calibrated, both timed, for approximate searches; searches are retriever
+    arguments (a candidate count searches at the calibrated effort)."""
 
     def __init__(self, job, build):
         from pyterrier_multiquery.index import MultiVectorIndex
@@ -203,9 +204,10 @@ class Index:
             load_or_build(self.index, 'ivf', verbose=False)
             self.extra['ANN build s'] = time.perf_counter() - start
             start = time.perf_counter()
-            self.extra['calibrated candidates'] = calibrated(self.index.maxsim_retriever(
-                exact=False, num_results=K, threads=self.threads)).candidates
+            found = calibrated(self.index.maxsim_retriever(exact=False, num_results=K, threads=self.threads))
             self.extra['calibration s'] = time.perf_counter() - start
+            self.extra['calibrated candidates'] = found.candidates
+            self.extra['calibrated search effort'] = found.search_effort
             if made is not None:  # the files were read, not made: the figures are the maker's
                 self.extra.update({'ANN build s': made['ANN build s'], 'calibration s': made['calibration s']})
                 self.record = {'build s': made['ANN build s'] + made['calibration s'],
@@ -218,7 +220,9 @@ class Index:
         import pandas as pd
         key = json.dumps(setting, sort_keys=True)
         if key not in self.retrievers:
-            self.retrievers[key] = self.index.maxsim_retriever(num_results=K, threads=self.threads, **setting)
+            effort = {'search_effort': self.extra['calibrated search effort']} if 'candidates' in setting else {}
+            self.retrievers[key] = self.index.maxsim_retriever(num_results=K, threads=self.threads,
+                                                               **{**effort, **setting})
         frame = self.retrievers[key](pd.DataFrame({'qid': [f'q{i}' for i in range(len(queries))],
                                                    'query_embs': list(queries)}))
         frame = frame.sort_values(['qid', 'rank'])

@@ -13,7 +13,8 @@ tokens). The reference top 10 of each query is the index's exact search.
 Engines, each in a fresh process per build (experiments/bench_peer_worker.py; fast-plaid and MUVERA in one venv,
 PyLate, which pins its own torch and fast-plaid, in another), all on ``--threads`` threads:
 - index exact, and index approx: IVF with 8-bit codes (its FAISS build and self-calibration timed), at its
-  calibrated default and at the candidate counts 16 to 2,048 (a factor of sqrt(2) apart).
+  calibrated default and at the candidate counts 16 to 2,048 (a factor of sqrt(2) apart) at its calibrated search
+  effort.
 - fast-plaid 1.7: nbits 4 and 8 (nbits 8 alone at a million documents: at 4 its recall stops below 0.95 at 100,000);
   searches over (n_ivf_probe, n_full_scores).
 - PyLate 1.6 PLAID (fast-plaid 1.4.6 underneath): nbits 4 and 8, the same searches; not at a million documents.
@@ -122,7 +123,8 @@ def system_name(row: dict) -> str:
 def setting_name(row: dict) -> str:
     search = {k: v for k, v in row['search'].items() if k != 'exact'}
     if row['engine'] == 'index' and row['build'].get('ann') and 'candidates' not in search:
-        return f"calibrated ({row.get('calibrated candidates') or 'exact'})"
+        found = row.get('calibrated candidates')
+        return f"calibrated ({found} at effort {row['calibrated search effort']})" if found else 'calibrated (exact)'
     return ', '.join(f'{k}={v}' for k, v in search.items())
 
 

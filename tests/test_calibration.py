@@ -1,5 +1,6 @@
-"""The approximate search calibrates its own candidate count: recall against exact search on sampled documents,
-exact search where it is faster, the answer kept per build in the index folder."""
+"""The approximate search calibrates its own candidate count and search effort: recall against exact search on
+sampled documents, the fastest effort reaching the target, exact search where it is faster, the answer kept per build
+in the index folder."""
 import json
 
 import numpy as np
@@ -44,11 +45,44 @@ def test_first_count_reaching_the_target_is_kept(clustered, monkeypatch):
     index, _ = clustered
     timings(monkeypatch, approx_s=1., exact_s=2.)
     found = calibration.calibrate(approximate(index))
-    counts = list(found.tried)
+    assert list(found.tried) == [32] and found.search_effort == 32   # the effort the retriever names
+    tried = found.tried[32]
+    counts = list(tried)
     assert counts == list(calibration.CANDIDATE_COUNTS[:len(counts)])   # ascending, from the smallest
-    assert found.candidates == counts[-1] and found.recall == found.tried[counts[-1]] >= calibration.TARGET_RECALL
-    assert all(found.tried[c] < calibration.TARGET_RECALL for c in counts[:-1])
+    assert found.candidates == counts[-1] and found.recall == tried[counts[-1]] >= calibration.TARGET_RECALL
+    assert all(tried[c] < calibration.TARGET_RECALL for c in counts[:-1])
     assert (found.approx_s, found.exact_s) == (1., 2.)
+
+
+def effort_timings(monkeypatch):
+    """Makes a timed approximate search take (effort + count / 4) ms, and exact search a second."""
+    monkeypatch.setattr(calibration, '_seconds', lambda retriever, queries: 1. if retriever.exact else
+                        (retriever.search_effort + retriever.candidates / 4) / 1000)
+
+
+def test_the_fastest_effort_reaching_the_target_is_kept(clustered, monkeypatch):
+    index, _ = clustered
+    effort_timings(monkeypatch)
+    found = calibration.calibrate(approximate(index, search_effort=None))
+    assert list(found.tried) == list(calibration.SEARCH_EFFORTS)   # the usual effort first
+    firsts = {effort: next((c for c, r in counts.items() if r >= calibration.TARGET_RECALL), None)
+              for effort, counts in found.tried.items()}
+    reached = {effort: (effort + count / 4) / 1000 for effort, count in firsts.items() if count is not None}
+    best = min(reached, key=reached.get)
+    assert (found.search_effort, found.candidates) == (best, firsts[best])
+    assert found.approx_s == pytest.approx(reached[best]) and found.recall == found.tried[best][firsts[best]]
+    for effort, counts in found.tried.items():   # an effort stops where it reaches the target or is too slow
+        last = list(counts)[-1]
+        faster = [s for e, s in reached.items() if list(found.tried).index(e) < list(found.tried).index(effort)]
+        assert counts[last] >= calibration.TARGET_RECALL or (effort + last / 4) / 1000 >= min(faster, default=1.)
+    assert all(counts[c] < calibration.TARGET_RECALL for counts in found.tried.values() for c in list(counts)[:-1])
+
+
+def test_the_flat_index_has_no_effort_to_calibrate(clustered, monkeypatch):
+    index, _ = clustered
+    effort_timings(monkeypatch)
+    found = calibration.calibrate(approximate(index, ann='flat', quantizer=None, search_effort=None))
+    assert list(found.tried) == [calibration.DEFAULT_SEARCH_EFFORT] == [found.search_effort]
 
 
 def test_recall_is_measured_against_exact_search_leaving_each_document_out(clustered, monkeypatch):
@@ -75,8 +109,8 @@ def test_exact_search_where_the_approximate_one_is_not_faster(clustered, monkeyp
     index, queries = clustered
     timings(monkeypatch, approx_s=2., exact_s=1.)
     found = calibration.calibrate(approximate(index))
-    assert found.candidates is None and list(found.tried) == [calibration.CANDIDATE_COUNTS[0]]   # stops at once
-    calibration.calibrated(approximate(index))   # stored for the default retriever
+    assert found.candidates is None and list(found.tried[32]) == [calibration.CANDIDATE_COUNTS[0]]   # stops at once
+    calibration.calibrated(approximate(index, search_effort=None))   # stored for the default retriever
     pd.testing.assert_frame_equal(index.retriever(exact=False, num_results=10)(queries),
                                   index.retriever(exact=True, num_results=10)(queries))
 
@@ -86,7 +120,7 @@ def test_no_count_reaching_the_target_searches_exactly(clustered, monkeypatch):
     timings(monkeypatch, approx_s=1., exact_s=2.)
     monkeypatch.setattr(calibration, 'TARGET_RECALL', 1.01)   # unreachable
     found = calibration.calibrate(approximate(index))
-    assert found.candidates is None and list(found.tried) == list(calibration.CANDIDATE_COUNTS)
+    assert found.candidates is None and list(found.tried[32]) == list(calibration.CANDIDATE_COUNTS)
     monkeypatch.setattr(calibration, 'calibrate', lambda retriever: found)
     assert calibration.calibrated(approximate(index)) == found   # written,
     monkeypatch.undo()
@@ -96,9 +130,10 @@ def test_no_count_reaching_the_target_searches_exactly(clustered, monkeypatch):
 def test_default_retriever_searches_with_the_calibrated_count(clustered):
     index, queries = clustered
     run = index.retriever(exact=False, num_results=10)(queries)   # calibrates (real timings)
-    found = calibration.calibrated(approximate(index))
+    found = calibration.calibrated(approximate(index, search_effort=None))
     expected = (index.retriever(exact=True, num_results=10) if found.candidates is None else
-                index.retriever(exact=False, candidates=found.candidates, num_results=10))(queries)
+                index.retriever(exact=False, candidates=found.candidates, search_effort=found.search_effort,
+                                num_results=10))(queries)
     pd.testing.assert_frame_equal(run, expected)
     exact = index.retriever(exact=True, num_results=10)(queries)
     overlap = [len(set(run[run['qid'] == q]['docno']) & set(group['docno'])) / 10 for q, group in exact.groupby('qid')]
@@ -129,8 +164,8 @@ def test_calibration_is_kept_per_build_and_redone_after_a_rebuild(tmp_path, monk
 def test_a_changed_calibration_file_is_named(clustered, monkeypatch, change):
     index, queries = clustered
     timings(monkeypatch, approx_s=1., exact_s=2.)
-    calibration.calibrated(approximate(index))
-    path = calibration.calibration_file(index, 'ivf', 'SQ8', 32, 'mean', 'cpu')
+    calibration.calibrated(approximate(index, search_effort=None))   # the default retriever's
+    path = calibration.calibration_file(index, 'ivf', 'SQ8', None, 'mean', 'cpu')
     text = path.read_text()
     path.write_text({'truncate': text[:len(text) // 2],
                      'candidates': text.replace('"candidates": ', '"candidates": 1'),
@@ -139,7 +174,7 @@ def test_a_changed_calibration_file_is_named(clustered, monkeypatch, change):
         with pytest.raises(CorruptIndexError, match=path.name.replace('.', r'\.')):
             fail()
     path.unlink()   # as the error says: calibrated again
-    assert calibration.calibrated(approximate(index)).candidates is not None
+    assert calibration.calibrated(approximate(index, search_effort=None)).candidates is not None
 
 
 def test_a_calibration_of_a_build_replaced_meanwhile_is_not_kept(tmp_path, monkeypatch):
@@ -161,8 +196,10 @@ def test_settings_are_calibrated_apart(clustered, monkeypatch):
     timings(monkeypatch, approx_s=1., exact_s=2.)
     calibration.calibrated(approximate(index))
     calibration.calibrated(approximate(index, search_effort=4, aggregate='sum'))
+    calibration.calibrated(approximate(index, search_effort=None))
     assert sorted(p.name for p in index.path.glob('calibration.*')) == [
-        'calibration.ivf_SQ8_e32_mean_cpu.json', 'calibration.ivf_SQ8_e4_sum_cpu.json']
+        'calibration.ivf_SQ8_e32_mean_cpu.json', 'calibration.ivf_SQ8_e4_sum_cpu.json',
+        'calibration.ivf_SQ8_eauto_mean_cpu.json']
 
 
 def test_a_tiny_index_searches_exactly(tmp_path):

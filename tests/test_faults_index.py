@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from pyterrier_multiquery.index import CorruptIndexError, MultiVectorIndex
 
 FILES = ('pt_meta.json', 'vecs.f4', 'offsets.i8', 'docnos.npids', 'ann.Flat.faiss',
-         'calibration.flat_Flat_e32_mean_cpu.json')
+         'calibration.flat_Flat_eauto_mean_cpu.json')
 CHECKED = settings(max_examples=40, deadline=None)
 QUERIES = pd.DataFrame({'qid': ['q0', 'q1'], 'query': 'x',
                         'query_embs': list(np.random.default_rng(1).normal(size=(2, 3, 8)).astype(np.float32))})

@@ -1,11 +1,14 @@
-"""The approximate search's candidate count, measured on the index itself: a self-test on sampled documents.
+"""The approximate search's candidate count and search effort, measured on the index itself: a self-test on sampled
+documents.
 
 An ANN stage needs more candidates per query vector as a collection grows and as its vectors crowd together, and
-past some count exact search is the cheaper way to the same top 10. :func:`calibrated` finds, once per index build
-and ANN setting, the smallest candidate count whose recall@10 against exact search reaches
-:data:`TARGET_RECALL` on documents of the index used as queries (each document's own vectors, at most
-:data:`QUERY_VECTORS` of them, itself excluded from both rankings), and whether it is faster than exact search
-there; it keeps the answer in the index folder.
+past some count exact search is the cheaper way to the same top 10. How much of the FAISS index each query vector
+visits (IVF lists probed, HNSW's ``efSearch``) trades against the candidate count: fewer lists probed cost less but
+need more candidates for the same recall. :func:`calibrated` finds, once per index build and ANN setting, for each
+search effort of :data:`SEARCH_EFFORTS` (or the one the retriever names) the smallest candidate count whose
+recall@10 against exact search reaches :data:`TARGET_RECALL` on documents of the index used as queries (each
+document's own vectors, at most :data:`QUERY_VECTORS` of them, itself excluded from both rankings), keeps the
+fastest of these, and whether it is faster than exact search there; it keeps the answer in the index folder.
 """
 import hashlib
 import json
@@ -30,10 +33,14 @@ SAMPLE_DOCUMENTS = 128
 QUERY_VECTORS = 32
 #: Candidate counts tried, in this order, until one reaches :data:`TARGET_RECALL`.
 CANDIDATE_COUNTS = tuple(round(16 * 2 ** (step / 2)) for step in range(19))   # 16, 23, 32, 45, ... 8192
-#: Timed repeats of the exact and the approximate search at the chosen count (interleaved; medians compared).
+#: Search efforts tried where the retriever names none, the usual one first (FAISS's flat index has no effort).
+SEARCH_EFFORTS = (32, 16, 8, 4, 64)
+#: The search effort where the candidate count is given and the effort is not.
+DEFAULT_SEARCH_EFFORT = 32
+#: Timed repeats of the exact and the approximate search at each effort's count (interleaved; medians compared).
 REPEATS = 3
 #: Bumped when the self-test changes, so that calibrations made by an older one are redone.
-VERSION = 1
+VERSION = 2
 TOP = 10
 
 
@@ -44,22 +51,27 @@ class Calibration:
     Attributes:
         candidates: The candidate count to search with; None where exact search is the faster way (or no count
             tried reached the target recall).
-        recall: Recall@10 of the last count tried, on the sampled documents.
-        approx_s: Median seconds of the approximate search of the sample at that count.
+        search_effort: The search effort to search with (the fastest reaching the target; where none did, the
+            last tried).
+        recall: Recall@10 at that effort and its last count tried, on the sampled documents.
+        approx_s: Median seconds of the approximate search of the sample there.
         exact_s: Median seconds of the exact search of the sample.
-        tried: ``{count: recall}`` of every count tried.
+        tried: ``{effort: {count: recall}}`` of every effort and count tried.
     """
     candidates: Optional[int]
+    search_effort: int
     recall: float
     approx_s: float
     exact_s: float
     tried: dict
 
 
-def calibration_file(index, kind: str, quantizer: str, search_effort: int, aggregate: str, device: str) -> Path:
+def calibration_file(index, kind: str, quantizer: str, search_effort: Optional[int], aggregate: str,
+                     device: str) -> Path:
     """Where the calibration of ``index`` for an ANN setting is kept: in the index folder, one per kind of device
-    (``cpu`` or ``cuda``: which search is faster depends on it)."""
-    return Path(index.path) / f'calibration.{kind}_{quantizer}_e{search_effort}_{aggregate}_{device.split(":")[0]}.json'
+    (``cpu`` or ``cuda``: which search is faster depends on it); ``search_effort`` None: the efforts calibrated."""
+    effort = 'auto' if search_effort is None else search_effort
+    return Path(index.path) / f'calibration.{kind}_{quantizer}_e{effort}_{aggregate}_{device.split(":")[0]}.json'
 
 
 def calibrated(retriever) -> Calibration:
@@ -77,13 +89,12 @@ def calibrated(retriever) -> Calibration:
     if path.exists():
         stored = read_calibration_file(path)
         if stored['build_id'] == build_id and stored['version'] == VERSION:
-            found = stored['calibration']
-            return Calibration(**{**found, 'tried': {int(c): r for c, r in found['tried'].items()}})
+            return _from_json(stored['calibration'])
     found = calibrate(retriever)
     if index.payload()[0]['build_id'] == build_id:   # not when the index was replaced meanwhile
         body = {'build_id': build_id, 'version': VERSION, 'target_recall': TARGET_RECALL,
                 'sample_documents': SAMPLE_DOCUMENTS,
-                'calibration': {**asdict(found), 'tried': {str(c): r for c, r in found.tried.items()}}}  # as read
+                'calibration': _to_json(found)}
         with building(path) as tmp:
             tmp.write_text(json.dumps({**body, 'sha256': _digest(body)}, indent=2))
     return found
@@ -106,6 +117,18 @@ def read_calibration_file(path: Path) -> dict:
                             f'again)')
 
 
+def _to_json(found: Calibration) -> dict:
+    """A calibration as JSON, its counts as strings (as they read back)."""
+    return {**asdict(found), 'tried': {str(e): {str(c): r for c, r in counts.items()}
+                                       for e, counts in found.tried.items()}}
+
+
+def _from_json(found: dict) -> Calibration:
+    """The calibration of :func:`_to_json`."""
+    return Calibration(**{**found, 'tried': {int(e): {int(c): r for c, r in counts.items()}
+                                             for e, counts in found['tried'].items()}})
+
+
 def _digest(body: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -113,12 +136,14 @@ def _digest(body: dict) -> str:
 def calibrate(retriever) -> Calibration:
     """Runs the self-test of an approximate :class:`~.maxsim.MaxSimRetriever`'s index and ANN setting: up to
     :data:`SAMPLE_DOCUMENTS` documents of the index (drawn with a fixed seed) search it with their own vectors (at
-    most :data:`QUERY_VECTORS` of them), exactly and over ANN candidates at each of :data:`CANDIDATE_COUNTS` in
-    turn.
+    most :data:`QUERY_VECTORS` of them), exactly and, at each search effort (the retriever's, or each of
+    :data:`SEARCH_EFFORTS`), over ANN candidates at each of :data:`CANDIDATE_COUNTS` in turn.
 
-    The first count whose recall@10 reaches :data:`TARGET_RECALL` is kept if its search is faster than the exact
-    one (medians of :data:`REPEATS` interleaved timings); the counts stop early once a search is no faster than
-    exact (larger counts are slower still). Each document is left out of its own rankings.
+    At each effort the first count whose recall@10 reaches :data:`TARGET_RECALL` is its candidate; its counts stop
+    early once a search is no faster than exact search or than the fastest candidate so far (larger counts are
+    slower still). The candidates and exact search are then timed in :data:`REPEATS` interleaved rounds; the
+    fastest candidate (by median) is kept if it is faster than exact search. Each document is left out of its own
+    rankings.
     """
     from pyterrier_multiquery.index.checks import ScoreCheck
     index = retriever.index
@@ -131,35 +156,47 @@ def calibrate(retriever) -> Calibration:
     queries = pd.DataFrame({'qid': [str(docnos.fwd[i]) for i in sample],
                             'query_embs': [np.asarray(vectors[offsets[i] + np.sort(rng.permutation(
                                 offsets[i + 1] - offsets[i])[:QUERY_VECTORS])], dtype=np.float32) for i in sample]})
+    if retriever.search_effort is not None:
+        efforts = (retriever.search_effort,)
+    else:
+        efforts = (DEFAULT_SEARCH_EFFORT,) if retriever.ann == 'flat' else SEARCH_EFFORTS
 
     def search(**settings):
         """The retriever's search of the sample, top :data:`TOP` + 1, with ``settings``."""
         return type(retriever)(index, num_results=TOP + 1, aggregate=retriever.aggregate, ann=retriever.ann,
-                               quantizer=retriever.quantizer, search_effort=retriever.search_effort,
-                               device=retriever.device, verbose=retriever.verbose, **settings)
-    exact = search(exact=True)
+                               quantizer=retriever.quantizer, device=retriever.device, verbose=retriever.verbose,
+                               **settings)
+    exact = search(exact=True, search_effort=efforts[0])
     truth = _top_others(exact(queries))
     exact_times = [_seconds(exact, queries)]
     if doc_count <= TOP + 1:   # every document is in every top 10
-        return Calibration(None, 1., float('nan'), exact_times[0], {})
-    tried = {}
-    for count in CANDIDATE_COUNTS:
-        approx = search(exact=False, candidates=count)
-        found = _top_others(approx(queries))   # the first search also loads (or builds) the FAISS index
-        recall = float(np.mean([len(set(found.get(qid, ())) & set(top)) / len(top) for qid, top in truth.items()]))
-        tried[count] = recall
-        approx_times = [_seconds(approx, queries)]
-        if approx_times[0] >= min(exact_times):
-            return Calibration(None, recall, approx_times[0], min(exact_times), tried)
-        if recall >= TARGET_RECALL:
-            break
-    else:
-        return Calibration(None, recall, approx_times[0], min(exact_times), tried)
+        return Calibration(None, efforts[0], 1., float('nan'), exact_times[0], {})
+    tried, reached, last = {}, {}, None
+    for effort in efforts:
+        tried[effort] = {}
+        for count in CANDIDATE_COUNTS:
+            approx = search(exact=False, candidates=count, search_effort=effort)
+            found = _top_others(approx(queries))   # the first search also loads (or builds) the FAISS index
+            recall = float(np.mean([len(set(found.get(qid, ())) & set(top)) / len(top) for qid, top in truth.items()]))
+            tried[effort][count] = recall
+            seconds = _seconds(approx, queries)
+            last = (effort, recall, seconds)
+            if seconds >= min([*exact_times, *(times[0] for _, _, times in reached.values())]):
+                break
+            if recall >= TARGET_RECALL:
+                reached[effort] = (approx, recall, [seconds])
+                break
+    if not reached:
+        effort, recall, seconds = last
+        return Calibration(None, effort, recall, seconds, min(exact_times), tried)
     for _ in range(REPEATS - 1):
         exact_times.append(_seconds(exact, queries))
-        approx_times.append(_seconds(approx, queries))
-    approx_s, exact_s = float(np.median(approx_times)), float(np.median(exact_times))
-    return Calibration(count if approx_s < exact_s else None, recall, approx_s, exact_s, tried)
+        for approx, _, times in reached.values():
+            times.append(_seconds(approx, queries))
+    effort = min(reached, key=lambda e: np.median(reached[e][2]))
+    approx, recall, times = reached[effort]
+    approx_s, exact_s = float(np.median(times)), float(np.median(exact_times))
+    return Calibration(approx.candidates if approx_s < exact_s else None, effort, recall, approx_s, exact_s, tried)
 
 
 def _top_others(run: pd.DataFrame) -> dict:

@@ -57,8 +57,9 @@ class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
     (``ann``: flat, ivf or hnsw, storing ``quantizer`` codes; built once and cached in the index folder; one
     search for all the queries of a frame), and exact MaxSim is computed over their documents only, for as many
     queries at once as ``batch_size`` and ``tile_bytes`` allow. By default the index calibrates the candidate
-    count itself (:func:`~.calibration.calibrated`: recall@10 of at least 0.995 against exact search on sampled
-    documents, measured once per build, setting and kind of device) and searches exactly where that is faster.
+    count and the search effort itself (:func:`~.calibration.calibrated`: the fastest pair reaching recall@10 of at
+    least 0.995 against exact search on sampled documents, measured once per build, setting and kind of device) and
+    searches exactly where that is faster.
     Ties are broken by the documents' order in the index. Scoring runs in torch on ``device`` (CUDA when
     available; a GPU keeps the stored vectors in its memory between searches where they take at most half of what
     is free), FAISS search on the GPU when FAISS has GPU support; the CPU gives the same rankings. On the CPU,
@@ -68,7 +69,7 @@ class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
 
     def __init__(self, index, *, num_results: int = 1000, aggregate: str = 'mean', exact: bool = True,
                  ann: str = 'ivf', quantizer: Optional[str] = None, candidates: Optional[int] = None,
-                 search_effort: int = 32, device: Optional[str] = None, batch_size: int = 64,
+                 search_effort: Optional[int] = None, device: Optional[str] = None, batch_size: int = 64,
                  block_vectors: int = 65536, tile_bytes: Optional[int] = None, threads: Optional[int] = None,
                  drop_query_embs: bool = False, verbose: bool = False):
         """
@@ -82,7 +83,8 @@ class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
                 ``PQ<m>``; None for the kind's default (``SQ8`` for ivf, ``Flat`` for flat and hnsw).
             candidates: Stored vectors fetched per query vector by the ANN stage; None (the default) for the
                 count the index's self-test calibrates (exact search where that is faster).
-            search_effort: IVF lists probed (``nprobe``) or HNSW ``efSearch``.
+            search_effort: IVF lists probed (``nprobe``) or HNSW ``efSearch``; None (the default) for the one the
+                self-test calibrates with the candidate count (where ``candidates`` is given: 32).
             device: torch device for scoring (default: CUDA if available, else CPU).
             batch_size: Queries scored together.
             block_vectors: Stored vectors read from disk together by the exact search.
@@ -139,14 +141,17 @@ class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
         """The ANN candidates of every query vector over all shards (one search for all the queries), then exact
         MaxSim of each query's candidate documents by the shards that hold them, merged batch by batch."""
         from pyterrier_multiquery.index.ann import merge_hits
-        candidates = self.candidates
+        from pyterrier_multiquery.index.calibration import DEFAULT_SEARCH_EFFORT, calibrated
+        candidates, effort = self.candidates, self.search_effort
         if candidates is None:
-            from pyterrier_multiquery.index.calibration import calibrated
-            candidates = calibrated(self).candidates
-            if candidates is None:
+            found = calibrated(self)
+            if found.candidates is None:
                 return self._search_exact(queries, shards, qids)
+            candidates, effort = found.candidates, found.search_effort
+        elif effort is None:
+            effort = DEFAULT_SEARCH_EFFORT
         hits = merge_hits(shards.map('ann_hits', np.concatenate(queries), candidates, kind=self.ann,
-                                     quantizer=self.quantizer, search_effort=self.search_effort, device=self.device,
+                                     quantizer=self.quantizer, search_effort=effort, device=self.device,
                                      verbose=self.verbose), candidates)[1]
         vector_counts = np.array([len(q) for q in queries])
         first_rows = np.cumsum(vector_counts) - vector_counts
