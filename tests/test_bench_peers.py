@@ -57,10 +57,14 @@ def test_tiny_run_of_the_index_engine_writes_the_report(bench, tmp_path, monkeyp
     bench.main()
     report = json.loads(out.with_suffix('.json').read_text())
     settings = report['tables']['Every setting']
-    assert [(r['system'], r['setting']) for r in settings] == [
-        ('index exact', ''), ('index approx', f"calibrated ({report['rows'][1]['calibrated candidates'] or 'exact'})"),
-        ('index approx', 'candidates=4'), ('index approx', 'candidates=64')]
-    assert settings[0]['recall@10'] == 1.0 and 0 < settings[2]['recall@10'] <= settings[3]['recall@10'] <= 1
+    found = report['rows'][1]
+    calibrated = (f"calibrated ({found['calibrated candidates']} at effort {found['calibrated search effort']})"
+                  if found['calibrated candidates'] else 'calibrated (exact)')
+    # candidates=64 is not run where 4 was already slower than the calibrated default, which reached 0.99 (timing)
+    assert [(r['system'], r['setting']) for r in settings][:3] == [
+        ('index exact', ''), ('index approx', calibrated), ('index approx', 'candidates=4')]
+    assert [(r['system'], r['setting']) for r in settings][3:] in ([], [('index approx', 'candidates=64')])
+    assert settings[0]['recall@10'] == 1.0 and 0 < settings[2]['recall@10'] <= settings[-1]['recall@10'] <= 1
     assert all(len(r['rounds s']) == 2 for r in report['rows'])
     assert out.with_suffix('.png').exists()
 
