@@ -226,3 +226,20 @@ def test_a_long_document_queries_with_some_of_its_vectors(tmp_path, monkeypatch)
         assert rows == sorted(set(rows))   # distinct vectors of the document, in its order
     assert any(offsets[i + 1] - offsets[i] > calibration.QUERY_VECTORS for i in map(docnos.inv.__getitem__,
                                                                                  asked[0]['qid']))
+
+
+def test_every_effort_searches_the_one_faiss_index_loaded(clustered, monkeypatch):
+    from pyterrier_multiquery.index import ann
+    index, queries = clustered
+    loads = []
+    load = ann.load_or_build
+    monkeypatch.setattr(ann, 'load_or_build', lambda *args, **kwargs: loads.append(1) or load(*args, **kwargs))
+    runs = {effort: index.retriever(exact=False, candidates=16, search_effort=effort, num_results=10)(queries)
+            for effort in (1, 64)}
+    assert len(loads) == 1   # not a copy in memory for every effort
+    again = index.retriever(exact=False, candidates=16, search_effort=1, num_results=10)(queries)
+    pd.testing.assert_frame_equal(again, runs[1])   # the effort is set for each search
+    fresh = MultiVectorIndex(index.path, verbose=False)   # its own FAISS index, at effort 64 only
+    pd.testing.assert_frame_equal(fresh.retriever(exact=False, candidates=16, search_effort=64, num_results=10)(
+        queries), runs[64])
+    assert not runs[1].equals(runs[64])   # one list probed misses some of what 64 find

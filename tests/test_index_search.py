@@ -155,9 +155,9 @@ def test_threads_are_set_for_torch_and_faiss_and_restored(data, monkeypatch):
     seen = []
     search = CandidateStage.search
 
-    def recording(stage, vectors, k):
+    def recording(stage, vectors, k, search_effort):
         seen.append((len(vectors), torch.get_num_threads(), faiss.omp_get_max_threads()))
-        return search(stage, vectors, k)
+        return search(stage, vectors, k, search_effort)
 
     monkeypatch.setattr(CandidateStage, 'search', recording)
     torch_before, faiss_before = torch.get_num_threads(), faiss.omp_get_max_threads()

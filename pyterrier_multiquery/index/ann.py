@@ -4,6 +4,7 @@ import json
 import math
 import os
 import struct
+import threading
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -208,16 +209,16 @@ def _read_stamp(file) -> Optional[dict]:
 
 class CandidateStage:
     """The candidate stage of approximate MaxSim over one index or shard: its FAISS index, searched for every query
-    vector; :func:`merge_hits` merges the hits of several shards."""
+    vector at a given effort (one copy in memory for every effort); :func:`merge_hits` merges the hits of several
+    shards."""
 
-    def __init__(self, shard, kind: str, quantizer: Optional[str], search_effort: int, device: str, *, first: int = 0,
+    def __init__(self, shard, kind: str, quantizer: Optional[str], device: str, *, first: int = 0,
                  verbose: bool = False, payload=None):
         """
         Args:
             shard: The :class:`MultiVectorIndex`.
             kind: FAISS index kind (as :func:`faiss_factory`).
             quantizer: FAISS storage (as :func:`faiss_factory`).
-            search_effort: IVF lists probed or HNSW ``efSearch``.
             device: Where FAISS searches (a GPU with faiss-gpu, else the CPU).
             first: The docid of the shard's first document in its sharded index.
             verbose: Whether to show progress when a FAISS index is built.
@@ -226,20 +227,24 @@ class CandidateStage:
         payload = shard.payload() if payload is None else payload
         self.offsets = payload[2]
         self.first = first
+        self.kind = kind
         self.ann = to_device(load_or_build(shard, kind, quantizer, verbose=verbose, payload=payload), device)
-        set_search_effort(self.ann, kind, search_effort)
+        self.lock = threading.Lock()   # the effort is the FAISS index's own setting, set for each search
 
-    def search(self, vectors: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+    def search(self, vectors: np.ndarray, k: int, search_effort: int) -> Tuple[np.ndarray, np.ndarray]:
         """The ``k`` nearest stored vectors of each vector: their FAISS scores and documents.
 
         Args:
             vectors: ``(n, dim)`` float32 query vectors.
             k: Stored vectors found per query vector.
+            search_effort: IVF lists probed or HNSW ``efSearch``.
 
         Returns:
             ``(n, k)`` scores (-inf where fewer than ``k`` vectors were found) and docids (``first`` on; -1 there).
         """
-        found, hits = self.ann.search(vectors, k)
+        with self.lock:
+            set_search_effort(self.ann, self.kind, search_effort)
+            found, hits = self.ann.search(vectors, k)
         return (np.where(hits >= 0, found, -np.inf).astype(np.float32),
                 np.where(hits >= 0, np.searchsorted(self.offsets, hits, side='right') - 1 + self.first, -1))
 

@@ -113,14 +113,14 @@ class ShardSearcher:
     def ann_hits(self, vectors: np.ndarray, k: int, *, kind: str, quantizer: Optional[str], search_effort: int,
                  device: str, verbose: bool = False):
         """The ``k`` nearest stored vectors of each query vector (as :meth:`~.ann.CandidateStage.search`); the FAISS
-        index is loaded (or built) once, again when the shard is rebuilt."""
+        index is loaded (or built) once for every search effort, again when the shard is rebuilt."""
         from pyterrier_multiquery.index.ann import CandidateStage
         payload = self.payload()
-        key = (kind, quantizer, search_effort, device)
+        key = (kind, quantizer, device)
         if key not in self._stages or self._stages[key][0] is not payload[0]:
-            self._stages[key] = (payload[0], CandidateStage(self.shard, kind, quantizer, search_effort, device,
-                                                            first=self.first, verbose=verbose, payload=payload))
-        return self._stages[key][1].search(vectors, k)
+            self._stages[key] = (payload[0], CandidateStage(self.shard, kind, quantizer, device, first=self.first,
+                                                            verbose=verbose, payload=payload))
+        return self._stages[key][1].search(vectors, k, search_effort)
 
     def rescore(self, batches, queries: List[np.ndarray], *, qids: list, **settings) -> list:
         """Exact MaxSim of each batch's queries against their candidates in this shard (``batches`` and
