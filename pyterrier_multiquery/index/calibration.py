@@ -166,7 +166,7 @@ def calibrate(retriever) -> Calibration:
         return type(retriever)(index, num_results=TOP + 1, aggregate=retriever.aggregate, ann=retriever.ann,
                                quantizer=retriever.quantizer, device=retriever.device, verbose=retriever.verbose,
                                **settings)
-    exact = search(exact=True, search_effort=efforts[0])
+    exact = search(exact=True)
     truth = _top_others(exact(queries))
     exact_times = [_seconds(exact, queries)]
     if doc_count <= TOP + 1:   # every document is in every top 10
