@@ -42,3 +42,29 @@ def test_cuda_rescores_as_the_cpu(index_and_topics):
     cuda = index.scorer(device='cuda')(frame)
     assert list(cuda['docno']) == list(cpu['docno'])
     np.testing.assert_allclose(cuda['score'], cpu['score'], rtol=1e-5, atol=1e-5)
+
+
+def faiss_gpus() -> int:
+    faiss = pytest.importorskip('faiss')
+    return faiss.get_num_gpus() if hasattr(faiss, 'get_num_gpus') else 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or faiss_gpus() == 0, reason='FAISS built without GPU support')
+def test_faiss_searches_on_the_gpu_and_ranks_as_the_cpu(index_and_topics):
+    index, topics = index_and_topics
+    setting = {'exact': False, 'candidates': 64, 'search_effort': 8, 'num_results': 20}
+    cpu = index.retriever(device='cpu', **setting)(topics)
+    cuda = index.retriever(device='cuda', **setting)(topics)
+    stages = index.searchers().searchers[0]._stages
+    assert [type(stage.ann).__name__ for key, (_, stage) in stages.items() if key[-1] == 'cuda'] == \
+        ['GpuIndexIVFScalarQuantizer']
+    assert list(cuda['docno']) == list(cpu['docno'])
+    np.testing.assert_allclose(cuda['score'], cpu['score'], rtol=1e-5, atol=1e-5)
+
+
+def test_an_hnsw_candidate_stage_stays_on_the_cpu_under_cuda(index_and_topics):
+    index, topics = index_and_topics
+    setting = {'exact': False, 'ann': 'hnsw', 'candidates': 64, 'search_effort': 64, 'num_results': 20}
+    cpu = index.retriever(device='cpu', **setting)(topics)
+    cuda = index.retriever(device='cuda', **setting)(topics)
+    assert list(cuda['docno']) == list(cpu['docno'])

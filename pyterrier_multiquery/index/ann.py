@@ -266,10 +266,12 @@ def merge_hits(parts, k: int) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def to_device(ann, device: str):
-    """Moves a FAISS index to the GPU when ``device`` is CUDA and FAISS was built with GPU support."""
+    """Moves a FAISS index to the GPU when ``device`` is CUDA, FAISS was built with GPU support and has a GPU version
+    of the index (IVF and flat; HNSW stays on the CPU)."""
     with requires('dense'):
         import faiss
-    if device.startswith('cuda') and hasattr(faiss, 'index_cpu_to_gpu') and faiss.get_num_gpus() > 0:
+    if (device.startswith('cuda') and hasattr(faiss, 'index_cpu_to_gpu') and faiss.get_num_gpus() > 0
+            and not isinstance(ann, faiss.IndexHNSW)):
         gpu = int(device.split(':')[1]) if ':' in device else 0
         return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), gpu, ann)
     return ann
