@@ -199,3 +199,17 @@ def test_ivf_sq8_candidate_stage(data):
     out = index.maxsim_retriever(exact=False, ann='ivf', quantizer='SQ8', search_effort=lists, candidates=vec_count,
                                  num_results=20)(topics(queries))
     pd.testing.assert_frame_equal(out, index.maxsim_retriever(num_results=20)(topics(queries)))
+
+
+def test_the_candidate_stage_names_the_document_of_every_hit_and_none_past_the_last(tmp_path):
+    from pyterrier_multiquery.index.ann import CandidateStage
+    # ragged documents of 1, 3 and 2 vectors along the axes: a query along axis j hits the vector j
+    vectors = np.eye(6, dtype=np.float32)
+    stream = [{'docno': 'a', 'doc_embs': vectors[:1]}, {'docno': 'b', 'doc_embs': vectors[1:4]},
+              {'docno': 'c', 'doc_embs': vectors[4:]}]
+    index = MultiVectorIndex(tmp_path / 'index', verbose=False).indexer().index(stream)
+    stage = CandidateStage(index, 'flat', None, 'cpu', first=10)
+    scores, docids = stage.search(vectors[[0, 3, 5]], 7, 1)
+    assert docids[:, 0].tolist() == [10, 11, 12]   # the shard's first docid on
+    assert docids[:, 6].tolist() == [-1, -1, -1] and np.isneginf(scores[:, 6]).all()   # six vectors only
+    assert sorted(docids[0, :6].tolist()) == [10, 11, 11, 11, 12, 12]

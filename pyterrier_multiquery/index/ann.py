@@ -225,7 +225,11 @@ class CandidateStage:
             payload: ``shard.payload()``, where the caller has it (the FAISS index is then of that very build).
         """
         payload = shard.payload() if payload is None else payload
-        self.offsets = payload[2]
+        # the document of every stored vector, then -1 for FAISS's "no hit" (-1): one lookup a hit, where a binary
+        # search of the offsets took a third of the candidate stage at a million documents
+        counts = np.diff(np.asarray(payload[2]))
+        docids = np.arange(len(counts), dtype=np.int32 if len(counts) < 2 ** 31 else np.int64)
+        self.vector_docs = np.append(np.repeat(docids, counts), docids.dtype.type(-1))
         self.first = first
         self.kind = kind
         self.ann = to_device(load_or_build(shard, kind, quantizer, verbose=verbose, payload=payload), device)
@@ -246,7 +250,7 @@ class CandidateStage:
             set_search_effort(self.ann, self.kind, search_effort)
             found, hits = self.ann.search(vectors, k)
         return (np.where(hits >= 0, found, -np.inf).astype(np.float32),
-                np.where(hits >= 0, np.searchsorted(self.offsets, hits, side='right') - 1 + self.first, -1))
+                np.where(hits >= 0, self.vector_docs[hits].astype(np.int64) + self.first, -1))
 
 
 def merge_hits(parts, k: int) -> Tuple[np.ndarray, np.ndarray]:
