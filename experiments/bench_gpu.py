@@ -24,11 +24,11 @@ round's seconds gives queries/s; "x cpu" divides index exact (cpu, first thread 
 "setting" says what each approximate search ran with. Writes ``--out`` .md/.json (default
 experiments/results/bench_gpu).
 
-FAISS searches on the GPU only with a faiss-gpu build that has kernels for the card. PyPI's faiss-gpu-cu12 1.10 to
-1.14.1 carry machine code for sm_70 and sm_80 alone, and no PTX: on a Hopper GPU (sm_90: the H100, the H200) their
-first GPU kernel fails ("no kernel image is available for execution on the device") and FAISS aborts the process;
-1.8 and 1.9.0 carry sm_90 but need NumPy < 2. There, faiss-cpu searches the IVF lists on the CPU and the rest of the
-search runs on the GPU. The report's machine line says where FAISS searched.
+FAISS searches on the GPU only with a faiss-gpu build that has kernels for the card. The faiss-gpu-cu12 wheels
+checked, 1.9.0.post1 to 1.14.1, carry machine code for sm_70 and sm_80 alone, and no PTX: on a Hopper GPU (sm_90:
+the H100, the H200) their first GPU kernel fails ("no kernel image is available for execution on the device") and
+FAISS aborts the process; 1.8 and 1.9.0 carry sm_90 but need NumPy < 2. There, faiss-cpu searches the IVF lists on
+the CPU and the rest of the search runs on the GPU. The report's machine line says where FAISS searched.
 """
 import argparse
 import platform
@@ -81,15 +81,16 @@ class ResidentReference:
 
     name = 'reference exact (cuda, resident)'
 
-    def setting(self) -> str:
-        return 'exact'
-
     def __init__(self, index, queries, vectors_per_doc):
         _, vectors, _, _ = index.payload()
         self.docnos = index.docnos().fwd
         self.docs = torch.from_numpy(np.array(vectors, dtype=np.float32)).cuda()
         self.queries = torch.from_numpy(np.stack(queries)).cuda()   # (queries, query vectors, dim)
         self.width = vectors_per_doc
+
+    def setting(self) -> str:
+        """Exact, as every reference search."""
+        return 'exact'
 
     def search(self):
         q, qv, dim = self.queries.shape
