@@ -11,13 +11,14 @@ exact ones, whatever the queries batched with it.
 """
 import functools
 import time
+import warnings
 from typing import List, Optional
 
 import numpy as np
 import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
-from pyterrier_multiquery.index.maxsim import aligned, document_blocks, rescore_candidates, stored_rows
+from pyterrier_multiquery.index.maxsim import aligned, document_blocks, rescore_candidates
 
 with requires('dense'):
     import torch
@@ -105,6 +106,10 @@ class ScreenedBatch:
         weights[np.arange(len(stacked)), np.repeat(np.arange(len(queries)), lengths)] = \
             1 / np.repeat(lengths, lengths) if aggregate == 'mean' else 1
         self.weights = torch.from_numpy(weights).to(device)
+        #: The queries' common number of vectors (their maxima are then summed in place of the product with
+        #: ``weights``, about twice as fast), or None.
+        self.query_length = int(lengths[0]) if (lengths == lengths[0]).all() else None
+        self.aggregate = aggregate
         self.error = torch.tensor([screening_error(q, max_norm, dtype, aggregate) for q in queries],
                                   dtype=torch.float64, device=device)
         self.top = torch.empty((len(queries), 0), device=device)  # the k best screened scores so far
@@ -112,11 +117,10 @@ class ScreenedBatch:
         self.pooled = 0
 
     def screen(self, block, block_offsets: np.ndarray, tile_vectors: int):
-        """Screened ``(queries, documents)`` scores of a block of documents (``block``: their vectors in the stored
-        dtype, ``block_offsets``: where each starts, from 0), scored a tile of about ``tile_vectors`` vectors at a
-        time."""
-        parts = [self.tile_scores(block[block_offsets[a]:block_offsets[b]].to(self.dtype),
-                                  np.diff(block_offsets[a:b + 1]))
+        """Screened ``(queries, documents)`` scores of a block of documents (``block``: their vectors in the
+        screening dtype, ``block_offsets``: where each starts, from 0), scored a tile of about ``tile_vectors`` vectors
+        at a time."""
+        parts = [self.tile_scores(block[block_offsets[a]:block_offsets[b]], np.diff(block_offsets[a:b + 1]))
                  for a, b in document_blocks(block_offsets, tile_vectors)]
         return torch.cat(parts).T
 
@@ -130,7 +134,11 @@ class ScreenedBatch:
             owner = torch.from_numpy(np.repeat(np.arange(len(lengths)), lengths)).to(sims.device)
             maxima = torch.full((len(lengths), sims.shape[1]), -torch.inf, dtype=sims.dtype, device=sims.device)
             maxima.scatter_reduce_(0, owner[:, None].expand(-1, sims.shape[1]), sims, 'amax')
-        return maxima.float() @ self.weights
+        maxima = maxima.float()
+        if self.query_length is None:
+            return maxima @ self.weights
+        summed = maxima.view(len(maxima), -1, self.query_length).sum(dim=2)
+        return summed / self.query_length if self.aggregate == 'mean' else summed
 
     def add(self, screened, first: int) -> None:
         """Takes the screened scores of the documents ``first, first + 1, ...`` (after all those already added):
@@ -175,6 +183,16 @@ class ScreenedBatch:
         return padded
 
 
+def screening_rows(vectors, rows: slice, device: str, dtype: 'torch.dtype') -> 'torch.Tensor':
+    """``vectors[rows]`` converted to the screening ``dtype`` on ``device`` in one pass (no aligned copy first: the
+    screening's bound holds however its products round)."""
+    if isinstance(vectors, torch.Tensor):
+        return vectors[rows].to(dtype)
+    with warnings.catch_warnings():  # a read-only memory map: only read here, by the conversion
+        warnings.filterwarnings('ignore', message='The given NumPy array is not writable')
+        return torch.from_numpy(np.asarray(vectors[rows])).to(device=device, dtype=dtype)
+
+
 def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_results: int, aggregate: str,
               batch_size: int, block_vectors: int, tile_bytes: int, device: str, max_norm: Optional[float] = None,
               label: Optional[str] = None, check=None):
@@ -205,7 +223,7 @@ def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_re
         blocks = pt.tqdm(blocks, desc=label, unit='block')
     for first, last in blocks:
         block_offsets = offsets[first:last + 1] - offsets[first]
-        block = stored_rows(vectors, slice(offsets[first], offsets[last]), device)  # the stored dtype
+        block = screening_rows(vectors, slice(offsets[first], offsets[last]), device, dtype)
         for i, batch in enumerate(batches):
             screened = batch.screen(block, block_offsets, tile_vectors[i])
             if check is not None and not bool(torch.isfinite(screened).all()):  # a damaged document, or an overflow
