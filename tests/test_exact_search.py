@@ -36,6 +36,23 @@ def test_every_screened_product_is_within_the_bound(dtype, dim):
     assert ratio.max() > bound / 100  # the bound is of the size of the errors, not vacuous
 
 
+@pytest.mark.parametrize('aggregate', ['mean', 'sum'])
+def test_queries_of_one_length_are_screened_as_by_the_weights(aggregate):
+    rng = np.random.default_rng(5)
+    queries = [rng.normal(size=(4, 16)).astype(np.float32) for _ in range(3)]
+    tile = torch.from_numpy(rng.normal(size=(12, 16)).astype(np.float32))  # documents of 3, 4 and 5 vectors
+    batch = exact.ScreenedBatch(queries, k=2, aggregate=aggregate, max_norm=10.0, device='cpu', dtype=torch.float32)
+    assert batch.query_length == 4
+    summed = batch.tile_scores(tile, np.array([3, 4, 5]))
+    batch.query_length = None  # the product with each query's weights, as for queries of several lengths
+    weighted = batch.tile_scores(tile, np.array([3, 4, 5]))
+    sims = tile.double().numpy() @ np.concatenate(queries).astype(np.float64).T
+    maxima = np.maximum.reduceat(sims, [0, 3, 7], axis=0).reshape(3, 3, 4)
+    expected = maxima.mean(axis=2) if aggregate == 'mean' else maxima.sum(axis=2)
+    np.testing.assert_allclose(summed.numpy(), expected, rtol=1e-5)
+    np.testing.assert_allclose(summed.numpy(), weighted.numpy(), rtol=1e-6)
+
+
 def float64_search(vectors, offsets, queries, aggregate, k):
     """Every document scored in float64, rounded to float32, sorted by score and then docid."""
     vectors = np.asarray(vectors, dtype=np.float64)

@@ -127,7 +127,7 @@ def test_candidates_covering_every_document_give_the_exact_ranking(data):
     pd.testing.assert_frame_equal(approximate, exact)
 
 
-def test_float16_blocks_are_converted_a_tile_at_a_time(data, monkeypatch):
+def test_float16_blocks_are_screened_in_tiles_of_the_screening_dtype(data, monkeypatch):
     from pyterrier_multiquery.index.exact import ScreenedBatch, screening_dtype
     _, indexes, queries = data
     largest = []
