@@ -55,26 +55,38 @@ def similarity_error(dtype: 'torch.dtype', dim: int) -> float:
     """``c`` such that a screened inner product of ``q`` and ``d`` is within ``c * |q| * |d|`` of the exact one.
 
     The inputs are rounded to ``dtype`` (float32 inputs: to the precision ``torch.get_float32_matmul_precision()``
-    allows), the ``dim`` products summed in float32 in any order (error at most ``gamma_dim``), and the sum rounded
-    to ``dtype``: ``(1 + u_in)^2 (1 + gamma_dim) (1 + u_out) - 1``, with Cauchy-Schwarz bounding the sum of the
-    products' magnitudes by ``|q| * |d|``.
+    allows), the ``dim`` products summed in float32 in any order, and the sum rounded to ``dtype``
+    (:func:`product_error`).
     """
-    u32 = UNIT_ROUNDOFF[torch.float32]
-    gamma = dim * u32 / (1 - dim * u32)
     u_out = UNIT_ROUNDOFF[dtype]
     precision = torch.get_float32_matmul_precision()
     u_in = u_out if dtype != torch.float32 else FLOAT32_INPUT_ROUNDOFF.get(precision, 2.0 ** -8)
-    return (1 + u_in) ** 2 * (1 + gamma) * (1 + u_out) - 1
+    return product_error(dim, u_in, u_out)
 
 
-def screening_error(query: np.ndarray, max_norm: float, dtype: 'torch.dtype', aggregate: str) -> float:
+def product_error(dim: int, input_roundoff: float, output_roundoff: float,
+                  accumulation_roundoff: float = UNIT_ROUNDOFF[torch.float32]) -> float:
+    """``c`` such that an inner product of ``dim`` terms is within ``c * |q| * |d|`` of the exact one when its
+    inputs are rounded with unit roundoff ``input_roundoff``, its products summed in any order with
+    ``accumulation_roundoff`` (at most ``gamma_dim`` of the sum of the products' magnitudes) and the sum rounded
+    with ``output_roundoff``: ``(1 + u_in)^2 (1 + gamma_dim) (1 + u_out) - 1``, with Cauchy-Schwarz bounding the
+    sum of the products' magnitudes by ``|q| * |d|``."""
+    gamma = dim * accumulation_roundoff / (1 - dim * accumulation_roundoff)
+    return (1 + input_roundoff) ** 2 * (1 + gamma) * (1 + output_roundoff) - 1
+
+
+def screening_error(query: np.ndarray, max_norm: float, dtype: 'torch.dtype', aggregate: str,
+                    similarity: Optional[float] = None) -> float:
     """The most a query's screened MaxSim score can differ from its exact one, against documents whose vectors have
-    norms of at most ``max_norm``: each vector's maximum is off by at most :func:`similarity_error` times the
-    norms, and the float32 sum of the maxima (and the mean's division) adds ``gamma_Q`` and a rounding."""
+    norms of at most ``max_norm``: each vector's maximum is off by at most ``similarity`` (default:
+    :func:`similarity_error` of ``dtype``) times the norms, and the float32 sum of the maxima (and the mean's
+    weights) adds ``gamma_Q`` and two roundings."""
     u32 = UNIT_ROUNDOFF[torch.float32]
     count = len(query)
     norms = np.linalg.norm(query.astype(np.float64), axis=1)
-    bound = (1 + similarity_error(dtype, query.shape[1])) * (1 + count * u32 / (1 - count * u32)) * (1 + u32) ** 2 - 1
+    if similarity is None:
+        similarity = similarity_error(dtype, query.shape[1])
+    bound = (1 + similarity) * (1 + count * u32 / (1 - count * u32)) * (1 + u32) ** 2 - 1
     total = bound * max_norm * float(norms.sum())
     return total / count if aggregate == 'mean' else total
 
@@ -96,7 +108,11 @@ class ScreenedBatch:
     PRUNE_AT = 1 << 22
 
     def __init__(self, queries: List[np.ndarray], *, k: int, aggregate: str, max_norm: float, device: str,
-                 dtype: 'torch.dtype'):
+                 dtype: 'torch.dtype', similarity: Optional[float] = None):
+        """
+        Args:
+            similarity: The bound of the screening's inner products (:func:`screening_error`).
+        """
         self.k, self.device, self.dtype = k, device, dtype
         lengths = np.array([len(q) for q in queries])
         stacked = np.concatenate(queries)
@@ -110,7 +126,7 @@ class ScreenedBatch:
         #: ``weights``, about twice as fast), or None.
         self.query_length = int(lengths[0]) if (lengths == lengths[0]).all() else None
         self.aggregate = aggregate
-        self.error = torch.tensor([screening_error(q, max_norm, dtype, aggregate) for q in queries],
+        self.error = torch.tensor([screening_error(q, max_norm, dtype, aggregate, similarity) for q in queries],
                                   dtype=torch.float64, device=device)
         self.top = torch.empty((len(queries), 0), device=device)  # the k best screened scores so far
         self.pool = []  # (query rows, docids, screened scores) of the documents not ruled out when screened
@@ -140,16 +156,18 @@ class ScreenedBatch:
         summed = maxima.view(len(maxima), -1, self.query_length).sum(dim=2)
         return summed / self.query_length if self.aggregate == 'mean' else summed
 
-    def add(self, screened, first: int) -> None:
-        """Takes the screened scores of the documents ``first, first + 1, ...`` (after all those already added):
-        raises each query's ``k``-th screened score and keeps the documents at or above its :meth:`floor`, and
-        those whose screened score is not finite (a float32 sum that overflowed: their exact scores decide)."""
+    def add(self, screened, first) -> None:
+        """Takes the screened scores of the documents ``first, first + 1, ...`` (or, where ``first`` is a tensor,
+        of the documents it holds), none added before: raises each query's ``k``-th screened score and keeps the
+        documents at or above its :meth:`floor`, and those whose screened score is not finite (a float32 sum that
+        overflowed: their exact scores decide)."""
         unknown = ~torch.isfinite(screened)
         self.top = torch.cat([self.top, screened.masked_fill(unknown, -torch.inf)], dim=1)
         self.top = self.top.topk(min(self.k, self.top.shape[1]), dim=1).values
         screened = screened.masked_fill(unknown, torch.inf)
         rows, columns = torch.nonzero(screened.double() >= self.floor()[:, None], as_tuple=True)
-        self.pool.append((rows, columns + first, screened[rows, columns]))
+        docids = first[columns] if isinstance(first, torch.Tensor) else columns + first
+        self.pool.append((rows, docids, screened[rows, columns]))
         self.pooled += len(rows)
         if self.pooled > self.PRUNE_AT:  # the floor has risen since the first blocks: drop what fell below it
             self.pool = [self._pooled()]
@@ -229,6 +247,15 @@ def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_re
             if check is not None and not bool(torch.isfinite(screened).all()):  # a damaged document, or an overflow
                 check.stored_vectors(first + np.unique(np.nonzero(~torch.isfinite(screened).cpu().numpy())[1]))
             batch.add(screened, first)
+    return scored_candidates(batches, queries, batch_size, vectors, offsets, num_results=num_results,
+                             aggregate=aggregate, tile_bytes=tile_bytes, device=device, check=check)
+
+
+def scored_candidates(batches: List[ScreenedBatch], queries: List[np.ndarray], batch_size: int, vectors,
+                      offsets: np.ndarray, *, num_results: int, aggregate: str, tile_bytes: int, device: str,
+                      check=None):
+    """Each batch's top documents once every document is screened: its candidates scored in float64 (rounded to
+    float32), as ``(scores, docids)`` a batch (:func:`exact_top`)."""
     results = []
     for i, batch in enumerate(batches):
         docids = batch.candidates()

@@ -25,6 +25,11 @@ with requires('dense'):
 RESIDENT_CHUNK = 1 << 20
 
 
+def uses_length_groups(device: str) -> bool:
+    """Whether exact search on ``device`` screens the documents grouped by length (:mod:`.grouped`): on a GPU."""
+    return device.startswith('cuda')
+
+
 def fits_on_device(nbytes: int, device: str) -> bool:
     """Whether stored vectors of ``nbytes`` stay resident on ``device`` between searches: on a GPU whose free memory
     is at least twice their size (the other half left to the searches' working memory), never on the CPU, which
@@ -76,13 +81,31 @@ class ShardSearcher:
 
     def exact(self, queries: List[np.ndarray], *, qids: list, **settings) -> list:
         """Each batch's top documents by exact MaxSim (``settings`` as :func:`~.exact.exact_top`; ``qids``: the
-        queries'), as ``(scores, docids, counts)``."""
+        queries'), as ``(scores, docids, counts)``: on a GPU over the documents grouped by length
+        (:func:`~.grouped.grouped_exact_top`), elsewhere block by block in index order."""
         payload = self.payload()
         check = ScoreCheck(qids, payload, self.shard.path)
-        vectors = self.stored_vectors(payload, settings['device'])
-        return [(scores, docids + self.first, np.full(len(scores), scores.shape[1]))
-                for scores, docids in exact_top(queries, vectors, payload[2], check=check,
-                                                max_norm=self.max_norm(payload), **settings)]
+        device = settings['device']
+        if uses_length_groups(device):
+            from pyterrier_multiquery.index.grouped import grouped_exact_top
+            settings.pop('block_vectors')
+            top = grouped_exact_top(queries, self.length_groups(payload, device, settings['label']), payload[1],
+                                    payload[2], check=check, max_norm=self.max_norm(payload), **settings)
+        else:
+            top = exact_top(queries, self.stored_vectors(payload, device), payload[2], check=check,
+                            max_norm=self.max_norm(payload), **settings)
+        return [(scores, docids + self.first, np.full(len(scores), scores.shape[1])) for scores, docids in top]
+
+    def length_groups(self, payload, device: str, label: Optional[str] = None):
+        """The shard's documents grouped by length for searches on ``device`` (:class:`~.grouped.LengthGroups`),
+        made at the first search there and kept while the shard is unchanged."""
+        from pyterrier_multiquery.index.grouped import LengthGroups
+        key = ('groups', device)
+        if key not in self._resident or self._resident[key][0] is not payload[0]:
+            self._resident.pop(key, None)  # the groups of an earlier build go before their successor comes
+            self._resident[key] = (payload[0], LengthGroups.build(payload[1], payload[2], device,
+                                                                  verbose=label is not None))
+        return self._resident[key][1]
 
     def stored_vectors(self, payload, device: str):
         """The shard's stored vectors for a search on ``device``: the memory-mapped array (read a block at a time),

@@ -1,0 +1,208 @@
+"""Exact MaxSim search shaped for a GPU: documents grouped by length, their vectors kept in bfloat16 on the device,
+and each document's maxima taken in the kernel that multiplies (:mod:`.maxsim_kernel`), so that the similarity
+matrix never reaches device memory.
+
+Each document is padded to the next power of two of vectors with copies of its last vector (a copy leaves its
+maxima as they are), so that the documents of one length form a ``(documents, length, dim)`` tensor and a
+document's maximum is a reduction over one axis, not a scatter. The groups are cut into chunks; the chunks stay on
+the device while a memory budget allows (by default half of what is free there), the others in host memory
+(pinned where CUDA is), copied to the device one at a time during each search: a collection larger than the card
+is streamed, not refused.
+
+The screening's bound (:func:`grouped_similarity_error`) holds for bfloat16 inputs (unit roundoff 2^-8), float32
+accumulation in any order with a unit roundoff of 2^-20 per addition (16 times float32's: tensor cores truncate
+their sums and align the summands of a step to one exponent, which costs a few bits, not four), and, on the
+torch path, the rounding of the bfloat16 product it returns. The documents the bound cannot rule out are scored in
+float64 (:func:`~.exact.scored_candidates`), so that rankings and scores are those of the CPU.
+"""
+import functools
+from typing import Iterator, List, NamedTuple, Optional, Tuple
+
+import numpy as np
+import pyterrier as pt
+
+from pyterrier_multiquery._extras import requires
+from pyterrier_multiquery.index.exact import UNIT_ROUNDOFF, ScreenedBatch, product_error, scored_candidates
+
+with requires('dense'):
+    import torch
+
+#: The format of the grouped vectors and of the screening's inputs.
+GROUP_DTYPE = torch.bfloat16
+#: The unit roundoff granted to each addition of the products' float32 sums (see the module's docstring).
+ACCUMULATION_ROUNDOFF = 2.0 ** -20
+#: Stored vectors (padding included) in one chunk of a group.
+CHUNK_VECTORS = 1 << 21
+
+
+def padded_lengths(lengths: np.ndarray) -> np.ndarray:
+    """The power of two at or above each document's number of vectors."""
+    return np.left_shift(1, np.ceil(np.log2(lengths)).astype(np.int64))
+
+
+class GroupChunk(NamedTuple):
+    """Documents of one padded length: their docids (ascending, on the search device) and ``(documents, length,
+    dim)`` vectors, on the search device where ``resident``, else in host memory."""
+    docids: 'torch.Tensor'
+    vectors: 'torch.Tensor'
+    resident: bool
+
+
+class LengthGroups:
+    """An index's (or shard's) documents grouped by padded length in bfloat16, as far as a memory budget allows on
+    the search device and in host memory beyond it (:meth:`chunks` streams those)."""
+
+    def __init__(self, chunks: List[GroupChunk], device: str):
+        self.device = device
+        self.chunk_list = chunks
+        #: Bytes of the vectors kept on the device, and of those in host memory, streamed at each search.
+        self.resident_bytes = sum(chunk.vectors.nbytes for chunk in chunks if chunk.resident)
+        self.streamed_bytes = sum(chunk.vectors.nbytes for chunk in chunks if not chunk.resident)
+        #: Chunks copied to the device by the searches so far.
+        self.copies = 0
+
+    @classmethod
+    def build(cls, vectors, offsets: np.ndarray, device: str, *, budget_bytes: Optional[int] = None,
+              chunk_vectors: int = CHUNK_VECTORS, verbose: bool = False) -> 'LengthGroups':
+        """Groups the documents of stored ``vectors`` (a memory map: read a chunk at a time) whose rows
+        ``offsets[i]:offsets[i + 1]`` belong to document ``i``.
+
+        Args:
+            device: The search device.
+            budget_bytes: Device memory the grouped vectors may take (default: half of the free memory of a GPU;
+                no limit on the CPU); the chunks beyond it stay in host memory.
+            chunk_vectors: Padded vectors per chunk.
+            verbose: Whether to show a progress bar.
+        """
+        if budget_bytes is None:
+            budget_bytes = torch.cuda.mem_get_info(torch.device(device))[0] // 2 if device.startswith('cuda') \
+                else np.iinfo(np.int64).max
+        lengths = np.diff(offsets)
+        padded = padded_lengths(lengths)
+        pieces = []
+        for length in np.unique(padded):
+            docids = np.flatnonzero(padded == length)
+            step = max(1, chunk_vectors // int(length))
+            pieces += [(int(length), docids[start:start + step]) for start in range(0, len(docids), step)]
+        if verbose:
+            pieces = pt.tqdm(pieces, desc='grouping documents by length', unit='chunk')
+        chunks, used = [], 0
+        for length, docids in pieces:
+            block = _padded_block(vectors, offsets, lengths, docids, length)
+            resident = used + block.nbytes <= budget_bytes
+            if resident:
+                used += block.nbytes
+                block = block.to(device)
+            elif device.startswith('cuda'):
+                block = block.pin_memory()
+            chunks.append(GroupChunk(torch.from_numpy(docids).to(device), block, resident))
+        return cls(chunks, device)
+
+    def chunks(self) -> Iterator[GroupChunk]:
+        """Every chunk, its vectors on the search device (copied there from host memory where they are kept)."""
+        for chunk in self.chunk_list:
+            if chunk.resident:
+                yield chunk
+            else:
+                self.copies += 1
+                yield GroupChunk(chunk.docids, chunk.vectors.to(self.device, non_blocking=True), True)
+
+    def __len__(self):
+        return len(self.chunk_list)
+
+
+def _padded_block(vectors, offsets: np.ndarray, lengths: np.ndarray, docids: np.ndarray,
+                  length: int) -> 'torch.Tensor':
+    """The ``(documents, length, dim)`` bfloat16 vectors of ``docids``, each padded with copies of its last vector."""
+    first, last = offsets[docids[0]], offsets[docids[-1] + 1]
+    if (lengths[docids] == length).all() and last - first == len(docids) * length:  # consecutive, unpadded
+        rows = np.asarray(vectors[first:last])
+    else:
+        index = np.minimum(offsets[docids][:, None] + np.arange(length), offsets[docids + 1][:, None] - 1)
+        rows = np.asarray(vectors[index.reshape(-1)])
+    return torch.from_numpy(np.ascontiguousarray(rows)).to(GROUP_DTYPE).view(len(docids), length, -1)
+
+
+def grouped_similarity_error(dim: int, backend: str) -> float:
+    """The bound of a screened inner product of ``dim`` terms (:func:`~.exact.product_error`): bfloat16 inputs,
+    float32 sums with :data:`ACCUMULATION_ROUNDOFF`, and the torch backend's bfloat16 result."""
+    u16 = UNIT_ROUNDOFF[torch.bfloat16]
+    return product_error(dim, u16, u16 if backend == 'torch' else 0.0, ACCUMULATION_ROUNDOFF)
+
+
+@functools.lru_cache(maxsize=None)
+def screening_backend(device: str) -> str:
+    """``triton`` (the fused kernel) on a GPU where Triton is installed, else ``torch``."""
+    if not device.startswith('cuda'):
+        return 'torch'
+    try:
+        import triton  # noqa: F401
+    except ModuleNotFoundError:
+        return 'torch'
+    return 'triton'
+
+
+def padded_query_tensors(queries: List[np.ndarray], aggregate: str, device: str) -> Tuple['torch.Tensor', ...]:
+    """Queries as ``(queries, power of two, dim)`` bfloat16 vectors padded with zero vectors, and the float32
+    weight of each vector's maximum (1, or 1 / the query's length for the mean; 0 for padding)."""
+    lengths = np.array([len(q) for q in queries])
+    width = int(padded_lengths(np.array([lengths.max()]))[0])
+    padded = np.zeros((len(queries), width, queries[0].shape[1]), dtype=np.float32)
+    weights = np.zeros((len(queries), width), dtype=np.float32)
+    for i, query in enumerate(queries):
+        padded[i, :len(query)] = query
+        weights[i, :len(query)] = 1 / len(query) if aggregate == 'mean' else 1
+    return torch.from_numpy(padded).to(device).to(GROUP_DTYPE), torch.from_numpy(weights).to(device)
+
+
+def screen(docs: 'torch.Tensor', queries: 'torch.Tensor', weights: 'torch.Tensor', backend: str,
+           tile_bytes: int) -> 'torch.Tensor':
+    """``(queries, documents)`` float32 screened scores of a chunk's documents (:func:`padded_query_tensors`'s
+    queries and weights), by the fused kernel or by torch, a tile of at most about ``tile_bytes`` at a time."""
+    if backend == 'triton':
+        from pyterrier_multiquery.index.maxsim_kernel import fused_maxsim
+        return fused_maxsim(docs, queries, weights)
+    count, length, dim = docs.shape
+    columns = queries.shape[0] * queries.shape[1]
+    step = max(1, tile_bytes // (2 * length * columns))
+    flat_queries = queries.reshape(columns, dim)
+    parts = []
+    previous = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False  # float32 sums, as the bound has
+    try:
+        for start in range(0, count, step):
+            tile = docs[start:start + step]
+            sims = tile.reshape(-1, dim) @ flat_queries.T  # (tile vectors, query vectors), in bfloat16
+            maxima = sims.view(len(tile), length, columns).amax(dim=1).float()
+            parts.append((maxima.view(len(tile), *weights.shape) * weights).sum(dim=2))
+    finally:
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = previous
+    return torch.cat(parts).T
+
+
+def grouped_exact_top(queries: List[np.ndarray], groups: LengthGroups, vectors, offsets: np.ndarray, *,
+                      num_results: int, aggregate: str, batch_size: int, tile_bytes: int, device: str,
+                      max_norm: float, backend: Optional[str] = None, label: Optional[str] = None, check=None):
+    """Each query's top documents by exact MaxSim, as :func:`~.exact.exact_top`, screening the documents' grouped
+    vectors (every query against a chunk in one call) before scoring the survivors from the stored ``vectors``.
+
+    Args:
+        backend: ``triton`` or ``torch`` (default: :func:`screening_backend` of the device).
+    """
+    backend = backend or screening_backend(device)
+    similarity = grouped_similarity_error(vectors.shape[1], backend)
+    batches = [ScreenedBatch(queries[start:start + batch_size], k=num_results, aggregate=aggregate,
+                             max_norm=max_norm, device=device, dtype=GROUP_DTYPE, similarity=similarity)
+               for start in range(0, len(queries), batch_size)]
+    padded, weights = padded_query_tensors(queries, aggregate, device)
+    chunks = groups.chunks()
+    if label is not None:
+        chunks = pt.tqdm(chunks, total=len(groups), desc=label, unit='chunk')
+    for docids, docs, _ in chunks:
+        screened = screen(docs, padded, weights, backend, tile_bytes)
+        if check is not None and not bool(torch.isfinite(screened).all()):  # a damaged document, or an overflow
+            check.stored_vectors(np.unique(docids[torch.nonzero(~torch.isfinite(screened))[:, 1]].cpu().numpy()))
+        for i, batch in enumerate(batches):
+            batch.add(screened[i * batch_size:(i + 1) * batch_size], docids)
+    return scored_candidates(batches, queries, batch_size, vectors, offsets, num_results=num_results,
+                             aggregate=aggregate, tile_bytes=tile_bytes, device=device, check=check)
