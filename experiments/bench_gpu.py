@@ -1,38 +1,36 @@
-"""The index's CUDA path against its CPU path: equal rankings, and the speed ratio, on a lent GPU machine.
+"""The index's exact search on a GPU against plain torch and fast-plaid, in one run on a lent card (issue 46).
 
-    python experiments/bench_gpu.py [--docs 20000 100000] [--queries 200] [--repeats 3] [--cpu-threads 2 16]
+    python experiments/bench_gpu.py [--workloads clustered-20k ...] [--peers] [--repeats 3]
+                                    [--minilm-model DIR] [--data-root DIR] [--work-dir DIR] [--out PREFIX]
 
-The workload is bench_index.py's (pyterrier_multiquery.experiment.clustered_collection: 8 vectors of 128 dimensions
-a document around 2,000 topic centres, noise 0.5, unit-normalised; queries of 8 vectors drawn the same way; top 10),
-written once to a MultiVectorIndex by streaming. Systems, each called on a frame of all queries:
-- index exact (cpu, N threads): ``index.retriever(exact=True, device='cpu', threads=N)``.
-- index exact (cuda): ``index.retriever(exact=True, device='cuda')``: the stored vectors are copied to the GPU at
-  the first search (the warm-up) and kept there, as they fit twice over in its free memory.
-- index approx (cpu / cuda): ``index.retriever(exact=False)`` at its defaults: the candidate count and search effort
-  each device's self-calibration chose (at the warm-up), IVF candidates by FAISS (on the GPU where FAISS was built
-  for it) re-scored exactly on the device, or exact search where the calibration found that faster.
-- index approx (cuda, the cpu's setting): the CPU's calibrated candidate count and search effort given to the CUDA
-  retriever, so that its FAISS stage runs whatever the CUDA calibration chose.
-- reference exact (cuda): all stored vectors resident on the GPU, one matmul of all query vectors against them, the
-  per-document max and per-query mean by reshapes (every document has the same number of vectors here), ``topk``:
-  what plain torch does when the collection fits on the card.
+Workloads (bench_index.py's distributions; 200 queries of 8 vectors, top 10): clustered-20k, -100k, -1000k and
+-10000k (8 vectors of 128 dimensions a document around 2,000 topic centres, noise 0.5, unit-normalised), ragged-20k
+and -100k (4 to 64 vectors a document), dim96-20k (96 dimensions), and minilm-scifact (all-MiniLM-L6-v2's token
+vectors of SciFact's abstracts, from the model folder ``--minilm-model`` and ``--data-root``/scifact; queries: the
+first 8 tokens of the test queries). The synthetic collections are drawn on the GPU, a chunk of documents at a time,
+and written by ``index_arrays`` in float16 (the 'build s' column); the first search groups them by length on the GPU
+('first search s').
 
-Rankings: each system's top 10 against index exact on the CPU (the first thread count): the share of queries whose
-ten docnos come in the same order, the mean overlap (recall@10), and the largest score difference on shared docnos.
-Timing: one warm-up call each, then ``--repeats`` interleaved rounds (every system once a round); the median of a
-round's seconds gives queries/s; "x cpu" divides index exact (cpu, first thread count)'s median by the system's.
-"setting" says what each approximate search ran with. Writes ``--out`` .md/.json (default
-experiments/results/bench_gpu).
+Systems, each called on all queries at once:
+- reference: plain torch with every stored vector resident on the GPU in float32: one matmul of all query vectors
+  against a block of 2^20 stored vectors, each document's maximum by a reshape (equal lengths) or ``scatter_reduce``
+  (ragged), each query's mean by a reshape, a running ``topk``.
+- index exact (cuda): ``index.retriever(device='cuda')``: documents grouped by length in bfloat16 on the GPU, the
+  fused Triton kernel (products, maxima and sums in registers), the survivors of its error bound scored in float64.
+- index exact (cpu): ``index.retriever(device='cpu')`` on every CPU thread, the rankings the others are held to.
+- fast-plaid (with ``--peers``, on the 100k and 1M workloads): fast-plaid 1.7 on the same GPU, 4- and 8-bit codes,
+  a grid of ``n_ivf_probe`` x ``n_full_scores``; build seconds, index MiB, peak GPU MiB of the build.
 
-FAISS searches on the GPU only with a faiss-gpu build that has kernels for the card. The faiss-gpu-cu12 wheels
-checked, 1.9.0.post1 to 1.14.1, carry machine code for sm_70 and sm_80 alone, and no PTX: on a Hopper GPU (sm_90:
-the H100, the H200) their first GPU kernel fails ("no kernel image is available for execution on the device") and
-FAISS aborts the process; 1.8 and 1.9.0 carry sm_90 but need NumPy < 2. There, faiss-cpu searches the IVF lists on
-the CPU and the rest of the search runs on the GPU. The report's machine line says where FAISS searched.
+Timing: one untimed search each, then ``--repeats`` rounds in which every system searches once (the order rotated
+a system a round); queries/s from the median, with min and max. 'x reference' divides the reference's median by the
+system's; 'TFLOP/s' counts useful products only (2 x query vectors x stored vectors x dims) and '% bf16 peak' divides
+it by the bfloat16 matmul peak of an 8192^3 product measured at the start and end of the run (the higher). Rankings:
+each system's top 10 against index exact on the CPU: the share of queries in the same order, recall@10, and the
+largest score difference on shared docnos. Writes ``--out`` .md/.json after each workload.
 """
 import argparse
 import platform
-import tempfile
+import shutil
 import time
 from pathlib import Path
 
@@ -40,159 +38,316 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pyterrier_multiquery.experiment.clustered_collection import clustered_collection
 from pyterrier_multiquery.experiment.evaluation import write_report
 from pyterrier_multiquery.index import MultiVectorIndex
-from pyterrier_multiquery.index.calibration import calibrated
 
 K = 10
+#: The search device: cuda, or cpu for a dry run of the script (the index then screens by length groups there too).
+DEVICE = 'cuda'
+QUERIES, QUERY_VECTORS = 200, 8
+WORKLOADS = ['clustered-20k', 'ragged-20k', 'dim96-20k', 'clustered-100k', 'ragged-100k', 'clustered-1000k',
+             'minilm-scifact', 'clustered-10000k']
+PEER_WORKLOADS = ('clustered-100k', 'clustered-1000k')
+PLAID_BUILDS = [{'nbits': 4}, {'nbits': 8}]
+PLAID_SEARCHES = [{'n_ivf_probe': p, 'n_full_scores': f} for p, f in ((8, 1024), (8, 4096), (32, 8192), (64, 16384))]
 
 
-class Retriever:
-    """One of the index's retrievers on a frame of all queries; ``top`` gives (docnos, scores) per query."""
+def synchronize():
+    if DEVICE == 'cuda':
+        torch.cuda.synchronize()
+
+
+def bf16_peak(repeats: int = 10) -> float:
+    """bfloat16 TFLOP/s of a square matmul (8192^3 on a GPU): the median of ``repeats`` after three warm-ups."""
+    size = 8192 if DEVICE == 'cuda' else 1024
+    a, b = (torch.randn(size, size, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    seconds = []
+    for _ in range(repeats):
+        synchronize()
+        start = time.perf_counter()
+        a @ b
+        synchronize()
+        seconds.append(time.perf_counter() - start)
+    return 2 * size ** 3 / float(np.median(seconds)) / 1e12
+
+
+def clustered_arrays(doc_count: int, dim: int = 128, min_vectors: int = 8, max_vectors: int = 8, topics: int = 2000,
+                     spread: float = 0.5, seed: int = 0, chunk: int = 1 << 18):
+    """(float16 vectors, lengths, queries): clustered_collection's distribution drawn on the GPU a chunk of documents
+    at a time (each document two topics, each vector a topic centre plus noise, normalised; each query 8 vectors
+    near a random document's topics)."""
+    generator = torch.Generator(device=DEVICE).manual_seed(seed)
+    centres = torch.randn(topics, dim, device=DEVICE, generator=generator)
+    lengths = torch.randint(min_vectors, max_vectors + 1, (doc_count,), device=DEVICE, generator=generator)
+    doc_topics = torch.randint(0, topics, (doc_count, 2), device=DEVICE, generator=generator)
+    parts = []
+    for start in range(0, doc_count, chunk):
+        owner = torch.repeat_interleave(torch.arange(start, min(doc_count, start + chunk), device=DEVICE),
+                                        lengths[start:start + chunk])
+        picks = doc_topics[owner, torch.randint(0, 2, (len(owner),), device=DEVICE, generator=generator)]
+        vectors = centres[picks] + spread * torch.randn(len(owner), dim, device=DEVICE, generator=generator)
+        parts.append(torch.nn.functional.normalize(vectors, dim=1).half().cpu().numpy())
+    near = torch.randint(0, doc_count, (QUERIES,), device=DEVICE, generator=generator)
+    shape = (QUERIES, QUERY_VECTORS)
+    picks = doc_topics[near[:, None], torch.randint(0, 2, shape, device=DEVICE, generator=generator)]
+    queries = centres[picks] + spread * torch.randn(*shape, dim, device=DEVICE, generator=generator)
+    queries = torch.nn.functional.normalize(queries, dim=2).cpu().numpy()
+    return np.concatenate(parts), lengths.cpu().numpy(), list(queries)
+
+
+def minilm_arrays(model: Path, data_root: Path, max_length: int = 256, batch_size: int = 128):
+    """(float16 vectors, lengths, queries): all-MiniLM-L6-v2's normalised token vectors of SciFact's abstracts
+    ([CLS], [SEP] and padding left out) and of its test queries' first 8 tokens, encoded on the GPU."""
+    from transformers import AutoModel, AutoTokenizer
+    from pyterrier_multiquery.loaders import load_dataset
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    encoder = AutoModel.from_pretrained(model, torch_dtype=torch.float32).to(DEVICE).eval()
+    dataset = load_dataset(data_root / 'scifact')
+
+    def encode(texts):
+        out = []
+        for start in range(0, len(texts), batch_size):
+            batch = tokenizer(texts[start:start + batch_size], truncation=True, max_length=max_length, padding=True,
+                              return_tensors='pt', return_special_tokens_mask=True)
+            keep = (batch.pop('special_tokens_mask') == 0) & (batch['attention_mask'] == 1)
+            with torch.no_grad():
+                hidden = torch.nn.functional.normalize(encoder(**batch.to(DEVICE)).last_hidden_state, dim=-1)
+            out += [h[k].float().cpu().numpy() for h, k in zip(hidden, keep.to(DEVICE))]
+        return out
+
+    corpus = list(dataset.get_corpus_iter(verbose=False))
+    docs = encode([d['text'] for d in corpus])
+    queries = [np.resize(q, (QUERY_VECTORS, q.shape[1])) for q in encode(dataset.get_topics('test')['query'].tolist())]
+    return np.concatenate(docs).astype(np.float16), np.array([len(d) for d in docs]), queries[:QUERIES]
+
+
+def workload(name: str, args):
+    """(vectors, lengths, queries) of a workload."""
+    if name == 'minilm-scifact':
+        return minilm_arrays(args.minilm_model, args.data_root)
+    kind, size = name.rsplit('-', 1)
+    settings = {'clustered': {}, 'ragged': {'min_vectors': 4, 'max_vectors': 64}, 'dim96': {'dim': 96}}[kind]
+    return clustered_arrays(int(size[:-1]) * 1000, **settings)
+
+
+class Reference:
+    """Plain torch, the collection resident on the GPU in float32 (see the module's docstring)."""
+
+    name = 'reference (torch, float32, resident)'
+
+    def __init__(self, vectors, lengths, queries, block: int = 1 << 20):
+        self.docs = torch.empty(vectors.shape, device=DEVICE)
+        for start in range(0, len(vectors), block):  # a block at a time: no float16 copy of the whole beside it
+            self.docs[start:start + block] = torch.from_numpy(vectors[start:start + block]).to(DEVICE).float()
+        self.lengths = torch.from_numpy(lengths).to(DEVICE)
+        self.offsets = np.concatenate([[0], np.cumsum(lengths)])
+        self.equal = bool((lengths == lengths[0]).all())
+        self.queries = torch.from_numpy(np.stack(queries)).to(DEVICE)
+        bounds = np.unique(np.append(np.searchsorted(self.offsets, np.arange(0, self.offsets[-1], block)),
+                                     len(self.offsets) - 1))
+        self.blocks = list(zip(bounds[:-1], bounds[1:]))
+
+    def search(self):
+        count, width, dim = self.queries.shape
+        flat = self.queries.reshape(-1, dim)
+        best = torch.full((count, 0), -torch.inf, device=DEVICE)
+        best_ids = torch.zeros((count, 0), dtype=torch.int64, device=DEVICE)
+        for first, last in self.blocks:
+            rows = self.docs[self.offsets[first]:self.offsets[last]]
+            sims = rows @ flat.T  # (stored vectors, query vectors)
+            if self.equal:
+                maxima = sims.view(last - first, -1, len(flat)).amax(dim=1)
+            else:
+                owner = torch.repeat_interleave(torch.arange(last - first, device=DEVICE), self.lengths[first:last])
+                maxima = torch.full((last - first, len(flat)), -torch.inf, device=DEVICE)
+                maxima.scatter_reduce_(0, owner[:, None].expand(-1, len(flat)), sims, 'amax')
+            scores = maxima.view(last - first, count, width).mean(dim=2).T
+            best = torch.cat([best, scores], dim=1)
+            best_ids = torch.cat([best_ids, torch.arange(first, last, device=DEVICE).expand(count, -1)], dim=1)
+            best, order = best.topk(min(K, best.shape[1]), dim=1)
+            best_ids = best_ids.gather(1, order)
+        synchronize()
+        return best.cpu().numpy(), best_ids.cpu().numpy()
+
+
+class IndexSearch:
+    """One of the index's retrievers."""
 
     def __init__(self, name, retriever, topics):
         self.name, self.retriever, self.topics = name, retriever, topics
 
     def search(self):
-        result = self.retriever(self.topics)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        return result
-
-    def top(self, frame):
-        frame = frame.sort_values(['qid', 'rank'])
-        return {qid: (list(g['docno']), g['score'].to_numpy()) for qid, g in frame.groupby('qid')}
-
-    def setting(self) -> str:
-        """What the search ran with: exact, or candidates and search effort (given, or as calibrated)."""
-        if self.retriever.exact:
-            return 'exact'
-        if self.retriever.candidates is not None:
-            return f'{self.retriever.candidates} candidates, effort {self.retriever.search_effort} (given)'
-        found = calibrated(self.retriever)
-        if found.candidates is None:
-            return 'exact (calibrated)'
-        return f'{found.candidates} candidates, effort {found.search_effort} (calibrated)'
+        found = self.retriever(self.topics)
+        synchronize()
+        return found
 
 
-class ResidentReference:
-    """Plain torch with the whole collection on the GPU: matmul, max over each document's vectors, mean, topk."""
+class FastPlaid:
+    """fast-plaid on the GPU at one build (nbits) and one search setting."""
 
-    name = 'reference exact (cuda, resident)'
-
-    def __init__(self, index, queries, vectors_per_doc):
-        _, vectors, _, _ = index.payload()
-        self.docnos = index.docnos().fwd
-        self.docs = torch.from_numpy(np.array(vectors, dtype=np.float32)).cuda()
-        self.queries = torch.from_numpy(np.stack(queries)).cuda()   # (queries, query vectors, dim)
-        self.width = vectors_per_doc
-
-    def setting(self) -> str:
-        """Exact, as every reference search."""
-        return 'exact'
+    def __init__(self, engine, build, setting, queries):
+        self.engine, self.setting = engine, setting
+        self.name = f'fast-plaid (nbits={build["nbits"]}, probe={setting["n_ivf_probe"]}, ' \
+                    f'full={setting["n_full_scores"]})'
+        self.queries = torch.from_numpy(np.stack(queries)).to(DEVICE)
 
     def search(self):
-        q, qv, dim = self.queries.shape
-        scores = []
-        for start in range(0, q, 64):
-            batch = self.queries[start:start + 64].reshape(-1, dim)
-            sims = (batch @ self.docs.T).view(len(batch) // qv, qv, -1, self.width)
-            scores.append(torch.topk(sims.amax(-1).mean(1), K, dim=1))
-        torch.cuda.synchronize()
-        return scores
+        found = self.engine.search(queries_embeddings=self.queries, top_k=K, show_progress=False, **self.setting)
+        synchronize()
+        return found
 
-    def top(self, found):
-        values = torch.cat([v for v, _ in found]).cpu().numpy()
-        ids = torch.cat([i for _, i in found]).cpu().numpy()
-        return {f'q{i}': ([self.docnos[d] for d in ids[i]], values[i]) for i in range(len(ids))}
+
+def tops(system, found, docnos) -> dict:
+    """qid -> (docnos, scores) of a system's result."""
+    if isinstance(found, pd.DataFrame):
+        found = found.sort_values(['qid', 'rank'])
+        return {qid: (list(g['docno']), g['score'].to_numpy()) for qid, g in found.groupby('qid')}
+    if isinstance(system, FastPlaid):
+        return {f'q{i}': ([docnos[int(d)] for d, _ in hits], np.array([s for _, s in hits]))
+                for i, hits in enumerate(found)}
+    scores, ids = found
+    return {f'q{i}': (list(docnos[ids[i]]), scores[i]) for i in range(len(ids))}
 
 
 def agreement(found: dict, exact: dict) -> dict:
-    """Same order, overlap and largest score difference on shared docnos, against ``exact``."""
+    """Same order, recall@10 and the largest score difference on shared docnos, against ``exact``."""
     same, overlap, gap = [], [], 0.
     for qid, (docnos, scores) in exact.items():
         other, other_scores = found[qid]
-        same.append(other == docnos)
+        same.append(list(other) == list(docnos))
         overlap.append(len(set(other) & set(docnos)) / K)
         mine = dict(zip(docnos, scores))
-        gap = max([gap] + [abs(mine[d] - s) for d, s in zip(other, other_scores) if d in mine])
-    return {'same order': float(np.mean(same)), 'recall@10': float(np.mean(overlap)), 'max |Δscore|': float(gap)}
+        gap = max([gap] + [abs(float(mine[d]) - float(s)) for d, s in zip(other, other_scores) if d in mine])
+    return {'same order': float(np.mean(same)), 'recall@10': float(np.mean(overlap)), 'max |Δscore|': gap}
 
 
-def faiss_build() -> str:
-    """FAISS's version, and whether it searches on the GPU."""
-    import faiss
-    gpus = faiss.get_num_gpus() if hasattr(faiss, 'get_num_gpus') else 0
-    return f'faiss {faiss.__version__}, ' + (f'on the GPU ({gpus} visible)' if gpus else 'on the CPU')
-
-
-def bench(docs: int, args, work: Path) -> list:
-    """The rows of one collection size."""
-    stream, queries = clustered_collection(docs, dim=args.dim, min_vectors=args.vectors, max_vectors=args.vectors,
-                                           topics=args.topics, query_count=args.queries,
-                                           query_vectors=args.vectors, seed=0)
-    start = time.perf_counter()
-    index = MultiVectorIndex(work / f'index{docs}', verbose=False).indexer().index(stream)
-    build = time.perf_counter() - start
-    topics = pd.DataFrame({'qid': [f'q{i}' for i in range(len(queries))], 'query_embs': queries})
-    def retriever(name, exact, device, threads=None, **setting):
-        return Retriever(name, index.retriever(exact=exact, device=device, threads=threads, num_results=K, **setting),
-                         topics)
-
-    first = args.cpu_threads[0]
-    systems = [retriever(f'index exact (cpu, {t} threads)', True, 'cpu', t) for t in args.cpu_threads]
-    systems.append(retriever(f'index approx (cpu, {first} threads)', False, 'cpu', first))
-    tops = {s.name: s.top(s.search()) for s in systems}   # warm-up: loads files, builds FAISS, calibrates
-    if torch.cuda.is_available():
-        gpu = [retriever('index exact (cuda)', True, 'cuda'), retriever('index approx (cuda)', False, 'cuda')]
-        cpu = calibrated(systems[-1].retriever)   # the one the warm-up made
-        if cpu.candidates is not None:
-            gpu.append(retriever("index approx (cuda, the cpu's setting)", False, 'cuda',
-                                 candidates=cpu.candidates, search_effort=cpu.search_effort))
-        gpu.append(ResidentReference(index, queries, args.vectors))
-        tops.update({s.name: s.top(s.search()) for s in gpu})   # warm-up: copies to the GPU, calibrates there
-        systems += gpu
+def timed(systems: list, repeats: int) -> dict:
+    """Each system's results (an untimed search) and its ``repeats`` seconds, in rotated interleaved rounds."""
+    results = {s.name: s.search() for s in systems}
     seconds = {s.name: [] for s in systems}
-    for _ in range(args.repeats):
-        for s in systems:
+    for round_ in range(repeats):
+        for s in systems[round_ % len(systems):] + systems[:round_ % len(systems)]:
             start = time.perf_counter()
             s.search()
             seconds[s.name].append(time.perf_counter() - start)
-    exact = tops[systems[0].name]
-    base = np.median(seconds[systems[0].name])
+    return results, seconds
+
+
+def plaid_systems(vectors, offsets, queries, work: Path) -> tuple:
+    """fast-plaid's systems (one per build and search setting) and each build's time, size and peak GPU memory."""
+    from fast_plaid import search
+    documents = [torch.from_numpy(vectors[offsets[i]:offsets[i + 1]].astype(np.float32))
+                 for i in range(len(offsets) - 1)]
+    systems, builds = [], {}
+    for build in PLAID_BUILDS:
+        folder = work / f'fast-plaid-{build["nbits"]}'
+        shutil.rmtree(folder, ignore_errors=True)
+        if DEVICE == 'cuda':
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        engine = search.FastPlaid(index=str(folder), device=DEVICE)
+        engine.create(documents_embeddings=documents, **build)
+        synchronize()
+        builds[build['nbits']] = {'build s': time.perf_counter() - start,
+                                  'index MiB': sum(f.stat().st_size for f in folder.rglob('*') if f.is_file()) / 2**20,
+                                  'build GPU MiB': torch.cuda.max_memory_allocated() / 2**20 if DEVICE == 'cuda'
+                                  else None}
+        systems += [FastPlaid(engine, build, setting, queries) for setting in PLAID_SEARCHES]
+    return systems, builds
+
+
+def run_workload(name: str, args, peaks: list) -> list:
+    """The rows of one workload."""
+    vectors, lengths, queries = workload(name, args)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    path = args.work_dir / name
+    start = time.perf_counter()
+    index = MultiVectorIndex(path, verbose=False).indexer(dtype='float16', overwrite=True).index_arrays(
+        [f'd{i}' for i in range(len(lengths))], vectors, lengths)
+    build = time.perf_counter() - start
+    docnos = np.asarray(index.docnos().fwd[np.arange(len(lengths))], dtype=object)
+    topics = pd.DataFrame({'qid': [f'q{i}' for i in range(len(queries))], 'query_embs': queries})
+    cuda = IndexSearch(f'index exact ({DEVICE})', index.retriever(device=DEVICE, num_results=K), topics)
+    start = time.perf_counter()
+    cuda.search()  # groups the documents by length on the GPU, compiles and tunes the kernel
+    first_search = time.perf_counter() - start
+    groups = index.searchers().searchers[0]._resident[('groups', DEVICE)][1]
+    systems = [Reference(vectors, lengths, queries), cuda]
+    plaid_builds = {}
+    if args.peers and name in PEER_WORKLOADS:
+        peers, plaid_builds = plaid_systems(vectors, offsets, queries, args.work_dir)
+        systems += peers
+    results, seconds = timed(systems, args.repeats)
+    cpu_start = time.perf_counter()
+    exact = tops(None, index.retriever(device='cpu', num_results=K)(topics), docnos)
+    cpu_seconds = time.perf_counter() - cpu_start
+    reference = float(np.median(seconds[systems[0].name]))
+    flops = 2 * QUERIES * QUERY_VECTORS * len(vectors) * vectors.shape[1]
     rows = []
     for s in systems:
         median = float(np.median(seconds[s.name]))
-        rows.append({'docs': docs, 'system': s.name, 'setting': s.setting(), 'queries/s': len(queries) / median,
-                     'x cpu': base / median,
-                     'median s': median, 'min s': min(seconds[s.name]), 'max s': max(seconds[s.name]),
-                     **agreement(tops[s.name], exact), 'build s': build})
+        row = {'workload': name, 'docs': len(lengths), 'stored vectors': len(vectors), 'system': s.name,
+               'queries/s': QUERIES / median, 'x reference': reference / median,
+               'TFLOP/s': flops / median / 1e12, '% bf16 peak': 100 * flops / median / 1e12 / max(peaks),
+               'median s': median, 'min s': min(seconds[s.name]), 'max s': max(seconds[s.name]),
+               **agreement(tops(s, results[s.name], docnos), exact)}
+        if s is cuda:
+            row.update({'build s': build, 'first search s': first_search, 'GPU GiB (groups)':
+                        groups.resident_bytes / 2**30, 'host GiB (streamed)': groups.streamed_bytes / 2**30})
+        if isinstance(s, FastPlaid):
+            row.update(plaid_builds[int(s.name.split('nbits=')[1].split(',')[0])])
+        rows.append(row)
+    rows.append({'workload': name, 'docs': len(lengths), 'stored vectors': len(vectors),
+                 'system': 'index exact (cpu, every thread)', 'queries/s': QUERIES / cpu_seconds,
+                 'x reference': reference / cpu_seconds, 'median s': cpu_seconds})
+    shutil.rmtree(path, ignore_errors=True)
     return rows
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--docs', type=int, nargs='+', default=[20000, 100000])
-    parser.add_argument('--queries', type=int, default=200)
-    parser.add_argument('--vectors', type=int, default=8)
-    parser.add_argument('--dim', type=int, default=128)
-    parser.add_argument('--topics', type=int, default=2000)
+    parser.add_argument('--workloads', nargs='+', default=WORKLOADS)
+    parser.add_argument('--peers', action='store_true', help='fast-plaid on the 100k and 1M workloads')
     parser.add_argument('--repeats', type=int, default=3)
-    parser.add_argument('--cpu-threads', type=int, nargs='+', default=[2, 16])
+    parser.add_argument('--device', default='cuda', help='cpu: a dry run of the script on small workloads')
+    parser.add_argument('--minilm-model', type=Path, help='all-MiniLM-L6-v2 folder (minilm-scifact)')
+    parser.add_argument('--data-root', type=Path, default=Path(__file__).resolve().parents[2] / 'shared' / 'data')
+    parser.add_argument('--work-dir', type=Path, default=Path('/tmp/bench_gpu'))
     parser.add_argument('--out', type=Path, default=Path(__file__).parent / 'results' / 'bench_gpu')
     args = parser.parse_args()
-    start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as work:
-        rows = [row for docs in args.docs for row in bench(docs, args, Path(work))]
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == 'cpu':
+        from pyterrier_multiquery.index import shardwise
+        shardwise.uses_length_groups = lambda device: True
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    peaks, rows = [bf16_peak()], []
+    machine = (f'{torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU dry run"}, '
+               f'{platform.processor() or platform.machine()}, torch '
+               f'{torch.__version__}, CUDA {torch.version.cuda}')
+    for name in args.workloads:
+        rows += run_workload(name, args, peaks)
+        report(args, rows, peaks, machine, started)
+    peaks.append(bf16_peak())
+    table = report(args, rows, peaks, machine, started)
+    print(table.to_string(index=False, float_format='%.4g'))
+    print(f'bfloat16 peaks: {peaks} TFLOP/s; {time.perf_counter() - started:.0f} s in all')
+
+
+def report(args, rows: list, peaks: list, machine: str, started: float) -> pd.DataFrame:
+    """Writes the report of the rows so far (a run cut short keeps its finished workloads); returns the table."""
     table = pd.DataFrame(rows)
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'
-    machine = (f'{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, GPU: {gpu}; '
-               f'{faiss_build()}')
-    write_report(args.out, "The index's CUDA path against its CPU path", __doc__.split('\n\n', 2)[2] +
-                 f'\n\nMachine: {machine}; torch {torch.__version__}.', {'Rankings and speed': table},
-                 extra={'machine': machine, 'seconds': time.perf_counter() - start, 'args': vars(args)})
-    print(table.to_string(index=False, float_format='%.4f'))
+    table['% bf16 peak'] = 100 * table['TFLOP/s'] / max(peaks)
+    write_report(args.out, 'The index on a GPU against plain torch and fast-plaid', __doc__.split('\n\n', 2)[2] +
+                 f'\n\nMachine: {machine}; bfloat16 peaks {", ".join(f"{p:.0f}" for p in peaks)} TFLOP/s.',
+                 {'Exact search': table}, extra={'machine': machine, 'bf16 peaks TFLOP/s': peaks,
+                                                 'seconds': time.perf_counter() - started,
+                                                 'args': {k: str(v) for k, v in vars(args).items()}})
+    print(table[table['workload'] == rows[-1]['workload']].to_string(index=False, float_format='%.4g'), flush=True)
+    return table
 
 
 if __name__ == '__main__':

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs on a lent GPU machine, in the repository's root (the device tool's working copy), with the folders of
+# experiments/gpu/prepare.sh carried: installs the carried wheels, runs the CUDA tests, then bench_gpu.py with the
+# arguments given (its report lands in $OUT). For example, one call each:
+#   carry ['.whl/core', '.gpu-data']: bash experiments/gpu/run.sh --workloads clustered-20k ragged-20k dim96-20k
+#                                       clustered-100k ragged-100k clustered-1000k minilm-scifact
+#   carry ['.whl']:                   bash experiments/gpu/run.sh --peers --workloads clustered-100k clustered-1000k
+#                                       clustered-10000k
+# The CUDA tests of the approximate search (tests/test_cuda.py) run where faiss-cpu was carried (.whl/faiss).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD"
+out="${OUT:-/tmp/out}" && mkdir -p "$out"
+shopt -s nullglob && wheels=(.whl/*/*.whl)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${wheels[@]}" \
+  || exit 1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+args=("$@")
+if [ -d .gpu-data ]; then
+  mkdir -p /tmp/gpu-data && cp -r .gpu-data/scifact /tmp/gpu-data/ && gunzip -f /tmp/gpu-data/scifact/corpus.jsonl.gz
+  args+=(--minilm-model .gpu-data/minilm --data-root /tmp/gpu-data)
+fi
+tests=(tests/test_grouped_search.py tests/test_resident_vectors.py)
+[ -d .whl/faiss ] && tests+=(tests/test_cuda.py)
+timeout 150 python3 -m pytest -q -p no:cacheprovider "${tests[@]}" 2>&1 | tail -15 | tee "$out/tests.log"
+cd experiments && timeout 420 python3 bench_gpu.py --out "$out/bench_gpu" "${args[@]}" 2>&1 | tee "$out/bench.log"
