@@ -7,6 +7,7 @@ the loader from what a path holds, or hands ``irds:`` identifiers to :func:`pyte
 """
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Dict, Iterator, Optional, Sequence, Union
 
@@ -286,6 +287,118 @@ class MusiqueDataset(LocalDataset):
         return len(self.paragraphs)
 
 
+class HotpotQADataset(LocalDataset):
+    """HotpotQA (and 2WikiMultiHopQA) questions in their own format: a JSON list or one object a line, each with
+    ``_id``, ``question``, ``supporting_facts`` (``[title, sentence index]`` pairs) and ``context`` (``[title,
+    [sentences]]`` paragraphs); 2WikiMultiHopQA adds ``evidences``, which are not read.
+
+    The corpus is every distinct paragraph of all questions' contexts (title, then its sentences joined), numbered by
+    first appearance; each supporting paragraph of a question (the context paragraph of a title its supporting facts
+    name; where the context lacks it, the corpus's one paragraph of that title) is its own answer, ``iteration``
+    numbering them from 1 in the order of the supporting facts. A supporting title with no paragraph is left out of
+    the qrels, as RAMDocs' gold answers that no passage supports are, and the qrels warn how many were.
+    """
+    name = 'hotpotqa'
+    FIELDS = ('_id', 'question', 'supporting_facts', 'context')
+
+    def __init__(self, path: PathLike):
+        """
+        Args:
+            path: The ``.json`` or ``.jsonl`` file, or a directory holding one.
+
+        Raises:
+            ValueError: If a question lacks a field of the format, names a supporting title its context does not
+                hold, or the file holds no question.
+        """
+        super().__init__(path)
+        if self.path.is_dir():
+            files = sorted([*self.path.glob('*.jsonl'), *self.path.glob('*.json')])
+            if len(files) != 1:
+                raise FileNotFoundError(f'expected one HotpotQA .json or .jsonl file in {str(self.path)!r}, '
+                                        f'found {len(files)}')
+            self.path = files[0]
+        self.questions = _hotpotqa_questions(self.path)
+        if not self.questions:
+            raise ValueError(f'{str(self.path)!r} holds no question')
+        for number, question in enumerate(self.questions, start=1):
+            missing = [f for f in self.FIELDS if f not in question]
+            if missing:
+                raise ValueError(f'{str(self.path)!r}: question {number} has no {missing} field(s): not a HotpotQA or '
+                                 f'2WikiMultiHopQA file (it has {sorted(question)[:8]})')
+        if 'evidences' in self.questions[0]:
+            self.name = '2wikimultihopqa'
+        self.paragraphs = {}  # (title, text) -> docno, in order of first appearance
+        self.titles = {}  # title -> the docnos of its distinct paragraphs
+        for question in self.questions:
+            for title, sentences in question['context']:
+                key = (title, ''.join(sentences).strip())
+                if key not in self.paragraphs:
+                    self.paragraphs[key] = str(len(self.paragraphs))
+                    self.titles.setdefault(title, []).append(self.paragraphs[key])
+
+    def _topics(self, variant):
+        return pd.DataFrame([{'qid': str(q['_id']), 'query': q['question']} for q in self.questions])
+
+    def _qrels(self, variant):
+        rows, missing, answerless = [], 0, 0
+        for q in self.questions:
+            context = {title: self.paragraphs[(title, ''.join(sentences).strip())] for title, sentences in q['context']}
+            titles = list(dict.fromkeys(title for title, _ in q['supporting_facts']))
+            found = [(target, context.get(title) or self.titles[title][0]) for target, title in
+                     enumerate(titles, start=1) if title in context or len(self.titles.get(title, [])) == 1]
+            missing += len(titles) - len(found)
+            answerless += not found
+            rows += [{'qid': str(q['_id']), 'docno': docno, 'label': 1, 'iteration': str(target)}
+                     for target, docno in found]
+        if missing:
+            warnings.warn(f'{str(self.path)!r}: {missing} supporting paragraph(s) are neither in their question\'s '
+                          f'context nor, by title, in the corpus: left out of the qrels; {answerless} of '
+                          f'{len(self.questions)} questions keep no answer', stacklevel=2)
+        return pd.DataFrame(rows, columns=['qid', 'docno', 'label', 'iteration'])
+
+    def _corpus(self):
+        for (title, text), docno in self.paragraphs.items():
+            yield {'docno': docno, 'title': title, 'text': f'{title} {text}'}
+
+    def corpus_size(self):
+        return len(self.paragraphs)
+
+
+def _hotpotqa_questions(path: Path) -> list:
+    """The questions of a HotpotQA-format file: a JSON list (as HotpotQA and 2WikiMultiHopQA publish them) or one
+    object a line."""
+    with open(path, encoding='utf-8') as f:
+        start = f.read(1)
+        while start.isspace():
+            start = f.read(1)
+    if start == '[':
+        try:
+            return json.loads(path.read_text(encoding='utf-8'))
+        except json.JSONDecodeError as e:
+            raise ValueError(f'{str(path)!r} is not valid JSON: {e}') from None
+    return list(_iter_jsonl(path))
+
+
+def _first_record(path: Path) -> dict:
+    """The first JSON object of a ``.json`` list or ``.jsonl`` file (an empty dict where there is none)."""
+    try:
+        with open(path, encoding='utf-8') as f:
+            head = f.read(1 << 16)
+        if head.lstrip().startswith('['):
+            decoded, _ = json.JSONDecoder().raw_decode(head.lstrip()[1:].lstrip())
+        else:
+            decoded = json.loads(head.splitlines()[0]) if head.strip() else {}
+    except (ValueError, IndexError):
+        return {}
+    return decoded if isinstance(decoded, dict) else {}
+
+
+def _holds_hotpotqa(path: Path) -> bool:
+    """Whether ``path`` (a file, or a directory with one .json/.jsonl file) holds HotpotQA-format questions."""
+    files = [path] if path.is_file() else [*path.glob('*.jsonl'), *path.glob('*.json')]
+    return len(files) == 1 and all(f in _first_record(files[0]) for f in ('supporting_facts', 'context'))
+
+
 class CombinedDataset(LocalDataset):
     """Several collections as one, e.g. to train on RAMDocs and MuSiQue questions together.
 
@@ -346,7 +459,8 @@ def load_dataset(spec: PathLike) -> pt.datasets.Dataset:
 
     Args:
         spec: ``irds:<id>`` (through :func:`pyterrier.get_dataset`), or a path: a BEIR directory, a TREC
-            directory (``corpus.trec``), a RAMDocs ``.jsonl`` file or directory, or a MuSiQue directory.
+            directory (``corpus.trec``), a RAMDocs ``.jsonl`` file or directory, a MuSiQue directory, or a HotpotQA or
+            2WikiMultiHopQA file (or a directory with one).
 
     Returns:
         The dataset.
@@ -358,6 +472,8 @@ def load_dataset(spec: PathLike) -> pt.datasets.Dataset:
     if not path.exists():
         raise FileNotFoundError(f'dataset path {spec!r} does not exist (give a directory, a RAMDocs .jsonl file '
                                 f'or an irds: identifier)')
+    if _holds_hotpotqa(path):
+        return HotpotQADataset(path)
     if path.is_file() or (path.is_dir() and any(path.glob('RAMDocs*.jsonl'))):
         return RamDocsDataset(path)
     if (path / 'corpus.jsonl').exists():
@@ -368,7 +484,7 @@ def load_dataset(spec: PathLike) -> pt.datasets.Dataset:
     if corpus_files:
         return MusiqueDataset(path, split=corpus_files[0].name[len('musique_'):-len('_corpus.json')])
     raise ValueError(f'cannot tell what collection {spec!r} holds: expected corpus.jsonl (BEIR), corpus.trec '
-                     f'(TREC), a RAMDocs .jsonl or musique_*.json files')
+                     f'(TREC), a RAMDocs .jsonl, musique_*.json files or a HotpotQA .json/.jsonl file')
 
 
 def _iter_jsonl(path: Path) -> Iterator[dict]:

@@ -262,12 +262,13 @@ class Split(NamedTuple):
 def dataset_split(dataset, variant: Optional[str] = None, *, train_fraction: float = 0.6, seed: int = 0) -> Split:
     """The training and test parts of a dataset.
 
-    A BEIR directory with a ``train`` qrels file trains on it and tests on ``variant`` (default ``test``); RAMDocs
-    and MuSiQue, which ship one set of questions, get the fixed :func:`split_by_question`; any other dataset has
-    no training part (``train_topics`` is None) and tests on all of its queries.
+    A BEIR directory with a ``train`` qrels file trains on it and tests on ``variant`` (default ``test``); RAMDocs,
+    MuSiQue and HotpotQA, which ship one set of questions, get the fixed :func:`split_by_question` (of the questions
+    with an answer in the qrels); any other dataset has no training part (``train_topics`` is None) and tests on all
+    of its queries.
     """
-    from pyterrier_multiquery.loaders import BeirDataset, MusiqueDataset, RamDocsDataset
-    if isinstance(dataset, (RamDocsDataset, MusiqueDataset)):
+    from pyterrier_multiquery.loaders import BeirDataset, HotpotQADataset, MusiqueDataset, RamDocsDataset
+    if isinstance(dataset, (RamDocsDataset, MusiqueDataset, HotpotQADataset)):
         topics, qrels = dataset.get_topics(), dataset.get_qrels()
         train, test = split_by_question(qrels, train_fraction, seed=seed)
         return Split(_select(topics, train), _select(qrels, train), _select(topics, test), _select(qrels, test),
