@@ -13,8 +13,9 @@ and written by ``index_arrays`` in float16 (the 'build s' column); the first sea
 
 Systems, each called on all queries at once:
 - reference: plain torch with every stored vector resident on the GPU in float32: one matmul of all query vectors
-  against a block of 2^20 stored vectors, each document's maximum by a reshape (equal lengths) or ``scatter_reduce``
-  (ragged), each query's mean by a reshape, a running ``topk``.
+  against a block of stored vectors (2^20, or fewer where their similarities would pass 2 GiB), each document's
+  maximum by a reshape (equal lengths) or ``scatter_reduce`` (ragged), each query's mean by a reshape, a running
+  ``topk``.
 - index exact (cuda): ``index.retriever(device='cuda')``: documents grouped by length in bfloat16 on the GPU, the
   fused Triton kernel (products, maxima and sums in registers), the survivors of its error bound scored in float64.
 - index exact (cpu): ``index.retriever(device='cpu')`` on every CPU thread, the rankings the others are held to.
@@ -138,6 +139,7 @@ class Reference:
     name = 'reference (torch, float32, resident)'
 
     def __init__(self, vectors, lengths, queries, block: int = 1 << 20):
+        block = min(block, (1 << 31) // (4 * len(queries) * len(queries[0])))  # a block's similarities: 2 GiB at most
         self.docs = torch.empty(vectors.shape, device=DEVICE)
         for start in range(0, len(vectors), block):  # a block at a time: no float16 copy of the whole beside it
             self.docs[start:start + block] = torch.from_numpy(vectors[start:start + block]).to(DEVICE).float()

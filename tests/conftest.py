@@ -13,10 +13,14 @@ CHECK = 'NOTEBOOK CHECK '  # what the cell execute_notebook adds prints before i
 
 @pytest.fixture(scope='session')
 def data_dir():
-    """The shared collections beside the checkout; tests that read them are skipped where they are absent."""
+    """The shared collections beside the checkout; tests that read them are skipped where they are absent, and fail
+    in CI (``CI=true``), where they must run."""
     path = Path(os.environ.get('PYTERRIER_MULTIQUERY_DATA', Path(__file__).resolve().parents[2] / 'shared' / 'data'))
     if not path.is_dir():
-        pytest.skip('shared data folder not found (set PYTERRIER_MULTIQUERY_DATA)')
+        message = f'shared data folder {str(path)!r} not found (set PYTERRIER_MULTIQUERY_DATA)'
+        if os.environ.get('CI', '').lower() == 'true':
+            pytest.fail(message + ': in CI the tests that read it must run')
+        pytest.skip(message)
     return path
 
 

@@ -202,6 +202,27 @@ def test_tied_head_for_encoder_only_checkpoint(tokenizer, tmp_path):
     torch.testing.assert_close(logits, hidden @ enc.backbone.model.embeddings.word_embeddings.weight.T)
 
 
+@pytest.mark.parametrize('head', ['tied', 'lm'])
+def test_reading_at_positions_equals_every_position_gathered(tokenizer, tmp_path, head):
+    # the tied head multiplies only the positions read by the vocabulary; the outputs are those of every position
+    model = tiny_bert(tokenizer)
+    if head == 'tied':
+        model = model.bert
+        model.config.architectures = ['BertModel']
+    model.save_pretrained(tmp_path / 'enc')
+    tokenizer.save_pretrained(tmp_path / 'enc')
+    backbone = DiffRetriever.from_pretrained(str(tmp_path / 'enc'), device='cpu').backbone
+    assert backbone.head == head
+    ids = torch.tensor([ids_of(tokenizer, 'cats eat fish'), ids_of(tokenizer, 'dogs chase cats')])
+    positions = torch.tensor([[1, 2], [0, 2]])
+    hidden, logits = backbone.read(ids, torch.ones_like(ids), positions)
+    every_hidden, every_logits = backbone.forward(ids, torch.ones_like(ids))
+    rows = torch.arange(2)[:, None]
+    assert hidden.shape == (2, 2, every_hidden.shape[-1]) and logits.shape == (2, 2, every_logits.shape[-1])
+    torch.testing.assert_close(hidden, every_hidden[rows, positions], rtol=0, atol=0)
+    torch.testing.assert_close(logits, every_logits[rows, positions], rtol=1e-6, atol=1e-6)
+
+
 def test_dense_scores_hand_worked():
     q = torch.tensor([[[1., 0.], [0., 1.]]])
     d = torch.tensor([[[1., 0.], [0.6, 0.8]], [[0., 1.], [0., 1.]]])

@@ -79,7 +79,7 @@ class MaskedBackbone:
         """``(hidden, logits)`` of the last layer at every position, each ``(B, L, ·)`` (one-sequence backbones)."""
         if self.canvas:
             raise ValueError(f'{type(self.model).__name__} reads a prompt and a canvas: use read() at positions')
-        return self._outputs(input_ids=input_ids, attention_mask=attention_mask)
+        return self._outputs(None, input_ids=input_ids, attention_mask=attention_mask)
 
     def read(self, input_ids, attention_mask, positions):
         """``(hidden (B, k, d), logits (B, k, V))`` at ``positions`` ``(B, k)`` of the right-padded rows, in one
@@ -88,11 +88,9 @@ class MaskedBackbone:
             import torch
         rows = torch.arange(len(input_ids), device=input_ids.device)[:, None]
         if not self.canvas:
-            hidden, logits = self.forward(input_ids, attention_mask)
-            return hidden[rows, positions], logits[rows, positions]
+            return self._outputs((rows, positions), input_ids=input_ids, attention_mask=attention_mask)
         start = positions[:, :1]
-        hidden, logits = self._outputs(**self._split(input_ids, attention_mask, start))
-        return hidden[rows, positions - start], logits[rows, positions - start]
+        return self._outputs((rows, positions - start), **self._split(input_ids, attention_mask, start))
 
     def _split(self, input_ids, attention_mask, start):
         """The model inputs of rows split at ``start`` ``(B, 1)``: the prompt left-padded (as the model generates),
@@ -110,12 +108,14 @@ class MaskedBackbone:
         return {'input_ids': prompt, 'attention_mask': prompt_mask.long(), 'decoder_input_ids': canvas,
                 'decoder_attention_mask': torch.cat([prompt_mask, canvas_mask], 1)}
 
-    def _outputs(self, **inputs):
+    def _outputs(self, at, **inputs):
+        """``(hidden, logits)`` of the last layer at the positions ``at`` (``(rows, columns)`` index tensors; None:
+        every position): a tied head multiplies only those hidden states by the vocabulary."""
         out = self.model(**inputs, output_hidden_states=True)
-        hidden = out.hidden_states[-1]
+        hidden = out.hidden_states[-1] if at is None else out.hidden_states[-1][at]
         if self.head == 'tied':
             return hidden, hidden @ self.model.get_input_embeddings().weight.T
-        return hidden, out.logits
+        return hidden, out.logits if at is None else out.logits[at]
 
 
 def mask_representations(tokenizer, hidden, logits, content: List[List[int]]) -> Encoded:
