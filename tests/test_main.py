@@ -139,6 +139,16 @@ def test_main_job_trains_on_another_collection_when_asked(small_ramdocs, tmp_pat
     assert {'AMER', 'MiniLM >> JPR', 'AMER >> JPR'} <= set(pd.read_csv(out)['name'])
 
 
+def test_trained_elsewhere_the_main_job_evaluates_every_question(small_ramdocs, tmp_path, capsys):
+    other = tmp_path / 'RAMDocs_other.jsonl'
+    other.write_text(small_ramdocs.read_text(encoding='utf-8'), encoding='utf-8')
+    assert main(['--dataset', str(other), '--train-dataset', str(small_ramdocs), '--no-train',
+                 '--cache-dir', str(tmp_path / 'cache')]) == 0
+    printed = capsys.readouterr().out
+    # the 14 questions with answers, where a collection also trained on keeps its fixed split's 6 test questions
+    assert 'all 14 questions with answers are test questions; evaluated on 14 test queries' in printed
+
+
 def test_main_job_trains_on_several_collections_together(small_ramdocs, tmp_path, capsys):
     other = tmp_path / 'RAMDocs_other.jsonl'
     other.write_text(small_ramdocs.read_text(encoding='utf-8'), encoding='utf-8')

@@ -259,17 +259,23 @@ class Split(NamedTuple):
     description: str
 
 
-def dataset_split(dataset, variant: Optional[str] = None, *, train_fraction: float = 0.6, seed: int = 0) -> Split:
+def dataset_split(dataset, variant: Optional[str] = None, *, train_fraction: float = 0.6, seed: int = 0,
+                  whole: bool = False) -> Split:
     """The training and test parts of a dataset.
 
     A BEIR directory with a ``train`` qrels file trains on it and tests on ``variant`` (default ``test``); RAMDocs,
     MuSiQue and HotpotQA, which ship one set of questions, get the fixed :func:`split_by_question` (of the questions
-    with an answer in the qrels); any other dataset has no training part (``train_topics`` is None) and tests on all
+    with an answer in the qrels), or with ``whole`` (the models train on other collections) none: all of those
+    questions are test questions; any other dataset has no training part (``train_topics`` is None) and tests on all
     of its queries.
     """
     from pyterrier_multiquery.loaders import BeirDataset, HotpotQADataset, MusiqueDataset, RamDocsDataset
     if isinstance(dataset, (RamDocsDataset, MusiqueDataset, HotpotQADataset)):
         topics, qrels = dataset.get_topics(), dataset.get_qrels()
+        if whole:
+            answered = topics[topics['qid'].isin(set(qrels['qid']))].reset_index(drop=True)
+            return Split(None, None, answered, qrels, f'no question trained on: all {len(answered)} questions with '
+                                                      'answers are test questions')
         train, test = split_by_question(qrels, train_fraction, seed=seed)
         return Split(_select(topics, train), _select(qrels, train), _select(topics, test), _select(qrels, test),
                      f'fixed split by question: {len(train)} training / {len(test)} test questions '

@@ -84,7 +84,10 @@ def main(argv=None) -> int:
     with quiet(not args.verbose):
         folders_before = _irds_folders()
         try:
-            split = dataset_split(dataset, args.variant)
+            trained_on = [] if train_dataset is None else list(train_dataset.members.values()) \
+                if isinstance(train_dataset, CombinedDataset) else [train_dataset]
+            # trained on other collections only: every question of --dataset is a test question
+            split = dataset_split(dataset, args.variant, whole=bool(trained_on) and dataset not in trained_on)
             train_split = split
             if train_dataset is not None:
                 train_topics, train_qrels = training_questions(train_dataset)
