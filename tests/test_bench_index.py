@@ -67,8 +67,9 @@ def test_a_tiny_run_of_both_parts_writes_the_report(bench, tmp_path, monkeypatch
                       report['tables']['Part 1: exact and calibrated approximate search'][0]['index exact GFLOP/s'])
     assert all(r['fastest peer at 0.95'] == '' for r in headline)   # no peer engine was given a Python
     settings = report['tables']['Part 2: every setting']
-    assert [(r['system'], r['setting']) for r in settings][2:] == [('index approx', 'candidates=4'),
-                                                                   ('index approx', 'candidates=64')]
+    # 4 candidates a query vector hold fewer than the 10 documents asked for: those queries are searched exactly,
+    # recall@10 reaches 0.99 and the sweep stops there
+    assert [(r['system'], r['setting']) for r in settings][2:] == [('index approx', 'candidates=4')]
     approx = next(r for r in report['peer rows'] if r['build'].get('ann'))
     part1 = report['exact rows'][0]
     assert approx['ANN build s'] == part1['ANN build s'] and approx['calibration s'] == part1['calibration s']

@@ -34,8 +34,9 @@ def maxsim(query, vectors, offsets, docids, aggregate):
 
 
 def per_query_reference(index, queries, candidates, aggregate, num_results):
-    """The approximate search as it was before batching: one FAISS search, then each query on its own: its
-    distinct candidate documents (np.unique), scored, sorted by score and then docid (np.lexsort)."""
+    """The approximate search written out: one FAISS search, then each query on its own: its distinct candidate
+    documents (np.unique), scored, sorted by score and then docid (np.lexsort); a query whose candidates hold fewer
+    than ``num_results`` documents (of an index holding that many) has every document scored instead."""
     from pyterrier_multiquery.index.ann import load_or_build
     _, vectors, offsets, _ = index.payload()
     _, hits = load_or_build(index, 'flat', verbose=False).search(np.concatenate(queries), candidates)
@@ -45,6 +46,8 @@ def per_query_reference(index, queries, candidates, aggregate, num_results):
         docids = np.unique(hit_docs[row:row + len(query)])
         docids = docids[docids >= 0]
         row += len(query)
+        if len(docids) < min(num_results, len(offsets) - 1):
+            docids = np.arange(len(offsets) - 1)
         scores = maxsim(query, vectors, offsets, docids, aggregate)
         order = np.lexsort((docids, -scores))[:num_results]
         rankings.append((docids[order], scores[order]))
@@ -88,8 +91,8 @@ def data(request, tmp_path_factory):
 
 @pytest.mark.parametrize('aggregate', ['mean', 'sum'])
 @pytest.mark.parametrize('num_results, candidates, batch_size, tile_bytes', [
-    (10, 4, 64, None),   # few candidates: more documents than results only for some queries
-    (1000, 4, 3, None),  # every candidate returned, batches of 3 queries
+    (10, 4, 64, None),   # few candidates: queries with fewer than 10 documents among them are searched exactly
+    (1000, 4, 3, None),  # more results asked than candidates hold: every document, in batches of 3 queries
     (15, 9, 64, 1),      # a tile of one byte: one query at a time
     (7, 30, 5, 20_000),  # tiles of a few queries
 ])
@@ -213,3 +216,19 @@ def test_the_candidate_stage_names_the_document_of_every_hit_and_none_past_the_l
     assert docids[:, 0].tolist() == [10, 11, 12]   # the shard's first docid on
     assert docids[:, 6].tolist() == [-1, -1, -1] and np.isneginf(scores[:, 6]).all()   # six vectors only
     assert sorted(docids[0, :6].tolist()) == [10, 11, 11, 11, 12, 12]
+
+
+def test_approximate_search_returns_num_results_where_its_candidates_hold_fewer(tmp_path):
+    # two candidates a query vector find at most four documents; the queries asking for 20 are searched exactly
+    rng = np.random.default_rng(3)
+    docs = [{'docno': f'd{i}', 'doc_embs': rng.normal(size=(4, 8)).astype(np.float32)} for i in range(60)]
+    index = MultiVectorIndex(tmp_path / 'index', verbose=False).indexer().index(docs)
+    topics = pd.DataFrame({'qid': ['q0', 'q1', 'q2'], 'query_embs': [rng.normal(size=(2, 8)).astype(np.float32)
+                                                                     for _ in range(3)]})
+    approximate = index.retriever(exact=False, ann='flat', candidates=2, num_results=20, device='cpu')(topics)
+    exact = index.retriever(exact=True, num_results=20, device='cpu')(topics)
+    assert approximate.groupby('qid').size().tolist() == [20, 20, 20]
+    columns = ['qid', 'docno', 'score', 'rank']
+    pd.testing.assert_frame_equal(approximate[columns], exact[columns])
+    few = index.retriever(exact=False, ann='flat', candidates=2, num_results=3, device='cpu')(topics)
+    assert few.groupby('qid').size().tolist() == [3, 3, 3]  # enough candidates: no exact search

@@ -55,7 +55,8 @@ class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
     scored in tiles of about ``tile_bytes`` (a float16 index is converted to float32 a tile at a time). With
     ``exact=False`` each query vector first takes its ``candidates`` nearest stored vectors from a FAISS index
     (``ann``: flat, ivf or hnsw, storing ``quantizer`` codes; built once and cached in the index folder; one
-    search for all the queries of a frame), and exact MaxSim is computed over their documents only, for as many
+    search for all the queries of a frame), and exact MaxSim is computed over their documents only (a query whose
+    candidates hold fewer than ``num_results`` documents is searched exactly instead), for as many
     queries at once as ``batch_size`` and ``tile_bytes`` allow. By default the index calibrates the candidate
     count and the search effort itself (:func:`~.calibration.calibrated`: the fastest pair reaching recall@10 of at
     least 0.995 against exact search on sampled documents, measured once per build, setting and kind of device) and
@@ -165,7 +166,23 @@ class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
             tile_bytes=self.tile_bytes, device=self.device, label=repr(self) if self.verbose else None,
             shard_args=[[(start, stop, shard_documents(docids, first, count)) for start, stop, docids in batches]
                         for first, count in zip(shards.firsts, shards.counts)])
-        return [merge_top(parts, self.num_results) for parts in zip(*per_shard)]
+        return self._completed([merge_top(parts, self.num_results) for parts in zip(*per_shard)], queries, shards,
+                               qids)
+
+    def _completed(self, results: list, queries, shards, qids: list) -> list:
+        """``results`` where each query whose candidates held fewer than ``num_results`` documents (of an index that
+        holds that many) is searched exactly instead, so that every query gets its ``num_results`` documents."""
+        counts = np.concatenate([c for _, _, c in results])
+        short = np.flatnonzero(counts < min(self.num_results, sum(shards.counts)))
+        if not len(short):
+            return results
+        rows = [(s[i:i + 1], d[i:i + 1], c[i:i + 1]) for s, d, c in results for i in range(len(c))]
+        exact = [(s[i:i + 1], d[i:i + 1], c[i:i + 1]) for s, d, c in
+                 self._search_exact([queries[i] for i in short], shards, [qids[i] for i in short])
+                 for i in range(len(c))]
+        for position, row in zip(short, exact):
+            rows[position] = row
+        return rows
 
 
 
