@@ -49,3 +49,29 @@ class NumResultsCutoff:
         if self.num_results is not None and k >= self.num_results:
             return None
         return pt.inspect.transformer_apply_attributes(self, num_results=k)
+
+
+#: What to do where a transformer needs a vector column and the frame holds another (needed, found): the fix.
+COLUMN_FIXES = {
+    ('query_embs', 'query_vec'): 'query_vec holds one vector a query (a single-vector encoder\'s output) and this '
+                                 'transformer reads query_embs, a 2-D array a query: encode with a multi-vector '
+                                 'encoder, or search a single-vector index (flex_index) instead',
+    ('query_embs', 'query'): 'the queries are not encoded yet: put a query encoder before it '
+                             '(encoder.query_encoder() >> ...)',
+}
+
+
+def validate_frame(transformer, inp, kind: str, columns: list) -> None:
+    """``pt.validate.query_frame`` (``kind='query'``) or ``result_frame`` of ``inp`` with the ``columns`` the
+    transformer reads, whose error names the transformer, the missing columns and, where a known column stands in
+    for one (:data:`COLUMN_FIXES`), the fix."""
+    validate = pt.validate.query_frame if kind == 'query' else pt.validate.result_frame
+    try:
+        validate(inp, extra_columns=columns)
+    except pt.validate.InputValidationError as e:
+        needed = ['qid', *(['docno'] if kind == 'result' else []), *columns]
+        missing = [c for c in needed if c not in inp.columns]
+        fixes = [fix for (need, found), fix in COLUMN_FIXES.items() if need in missing and found in inp.columns]
+        raise pt.validate.InputValidationError(
+            f'{transformer!r} needs the column(s) {missing} in its input, which has {list(inp.columns)}'
+            + ''.join(f'; {fix}' for fix in fixes[:1]), e.modes) from None

@@ -2,6 +2,7 @@
 and one threading policy for torch and FAISS, each against a plain per-query reference computation."""
 import numpy as np
 import pandas as pd
+import pyterrier as pt
 import pytest
 
 from pyterrier_multiquery.index import MultiVectorIndex
@@ -232,3 +233,17 @@ def test_approximate_search_returns_num_results_where_its_candidates_hold_fewer(
     pd.testing.assert_frame_equal(approximate[columns], exact[columns])
     few = index.retriever(exact=False, ann='flat', candidates=2, num_results=3, device='cpu')(topics)
     assert few.groupby('qid').size().tolist() == [3, 3, 3]  # enough candidates: no exact search
+
+
+@pytest.mark.parametrize('column, fix', [('query_vec', 'one vector a query'), ('query', 'put a query encoder before')])
+def test_a_missing_column_error_names_the_transformer_and_the_fix(tmp_path, column, fix):
+    index = MultiVectorIndex(tmp_path / 'index', verbose=False).indexer().index(
+        [{'docno': 'd0', 'doc_embs': np.ones((2, 4), dtype=np.float32)}])
+    frame = pd.DataFrame({'qid': ['q1'], column: [np.ones(4, dtype=np.float32) if column == 'query_vec' else 'x']})
+    for retriever in (index.retriever(), index.mean_retriever(), index.multiquery_retriever()):
+        with pytest.raises(pt.validate.InputValidationError) as raised:
+            retriever(frame)
+        message = str(raised.value)
+        assert repr(retriever) in message and "['query_embs']" in message and fix in message
+    with pytest.raises(pt.validate.InputValidationError, match=r"needs the column\(s\) \['docno', 'query_embs'\]"):
+        index.scorer()(frame)

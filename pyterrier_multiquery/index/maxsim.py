@@ -7,7 +7,7 @@ import pyterrier as pt
 
 from pyterrier_multiquery._device import check_threads, cpu_threads, resolve_device
 from pyterrier_multiquery._extras import requires
-from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff
+from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff, validate_frame
 from pyterrier_multiquery.index.checks import ScoreCheck
 
 with requires('dense'):
@@ -119,7 +119,7 @@ class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Retrieves for each query row (``qid``, ``query_embs``)."""
-        pt.validate.query_frame(inp, extra_columns=['query_embs'])
+        validate_frame(self, inp, 'query', ['query_embs'])
         check_unique_qids(inp)
         shards = self.index.searchers()
         queries = [query_embs(embs, shards.meta['dim'], qid) for qid, embs in zip(inp['qid'], inp['query_embs'])]
@@ -216,7 +216,7 @@ class MaxSimScorer(DerivedIdentity, NumResultsCutoff, pt.Transformer):
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Replaces ``score`` and ``rank`` with MaxSim's, per query."""
-        pt.validate.result_frame(inp, extra_columns=['query_embs'])
+        validate_frame(self, inp, 'result', ['query_embs'])
         check_qid_types(inp['qid'])
         shards = self.index.searchers()
         if len(inp) == 0:

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
-from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff
+from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff, validate_frame
 from pyterrier_multiquery.index.errors import CorruptIndexError
 
 
@@ -51,7 +51,7 @@ class MeanRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Retrieves for each query row (``qid``, ``query_embs``); each shard searches its own FlexIndex."""
         from pyterrier_multiquery.index.maxsim import check_unique_qids, merge_top, query_embs, result_frame
-        pt.validate.query_frame(inp, extra_columns=['query_embs'])
+        validate_frame(self, inp, 'query', ['query_embs'])
         check_unique_qids(inp)
         shards = self.index.searchers()
         results = []

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
-from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff
+from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff, validate_frame
 
 MERGES = ('round_robin', 'score_sum', 'rrf')
 
@@ -59,7 +59,7 @@ class MultiQueryRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Retrieves for each query row (``qid``, ``query_embs``) and merges its vectors' lists."""
-        pt.validate.query_frame(inp, extra_columns=['query_embs'])
+        validate_frame(self, inp, 'query', ['query_embs'])
         from pyterrier_multiquery.index.maxsim import check_unique_qids, query_embs
         check_unique_qids(inp)
         query_columns = [c for c in inp.columns if c != 'query_embs']
