@@ -28,8 +28,8 @@ SCHEDULES = {FINE_TUNED: {},
 def main(argv=None) -> int:
     """Trains AMER and JPR on a training split, then compares them with BM25, MiniLM and MMR on the test split."""
     parser = argparse.ArgumentParser(prog='python -m pyterrier_multiquery', description=main.__doc__)
-    parser.add_argument('--dataset', help='a BEIR, TREC, RAMDocs or MuSiQue path, or an irds: identifier '
-                                          '(default: DATA_ROOT/ramdocs)')
+    parser.add_argument('--dataset', help='a BEIR, TREC, RAMDocs, MuSiQue or HotpotQA/2WikiMultiHopQA path, or an '
+                                          'irds: identifier (default: DATA_ROOT/ramdocs)')
     parser.add_argument('--data-root', default=os.environ.get('PYTERRIER_MULTIQUERY_DATA', '../shared/data'),
                         help='the folder of the bundled collections, for the default --dataset '
                              '(default: $PYTERRIER_MULTIQUERY_DATA or %(default)s)')
