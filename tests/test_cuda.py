@@ -26,9 +26,25 @@ def test_cuda_ranks_as_the_cpu(index_and_topics, exact):
     np.testing.assert_allclose(cuda['score'], cpu['score'], rtol=1e-5, atol=1e-5)
 
 
-def test_the_gpu_keeps_the_vectors_resident(index_and_topics):
+def test_exact_search_keeps_the_documents_grouped_on_the_gpu(index_and_topics):
     index, topics = index_and_topics
     index.retriever(exact=True, device='cuda', num_results=5)(topics)
+    groups = index.searchers().searchers[0]._resident[('groups', 'cuda')][1]
+    assert groups.streamed_bytes == 0 and all(chunk.vectors.device.type == 'cuda' for chunk in groups.chunk_list)
+    _, vectors, offsets, _ = index.payload()
+    docids = np.concatenate([chunk.docids.cpu().numpy() for chunk in groups.chunk_list])
+    assert sorted(docids.tolist()) == list(range(len(offsets) - 1))  # every document once
+    for chunk in groups.chunk_list:  # its vectors in bfloat16, then copies of its last
+        docid, stored = int(chunk.docids[0]), chunk.vectors[0].float().cpu().numpy()
+        own = torch.from_numpy(np.asarray(vectors[offsets[docid]:offsets[docid + 1]])).bfloat16().float().numpy()
+        np.testing.assert_array_equal(stored[:len(own)], own)
+        np.testing.assert_array_equal(stored[len(own):], np.repeat(own[-1:], len(stored) - len(own), axis=0))
+
+
+def test_the_scorer_keeps_the_stored_vectors_resident(index_and_topics):
+    index, topics = index_and_topics
+    frame = index.retriever(exact=True, device='cpu', num_results=5)(topics)[['qid', 'docno']].merge(topics, on='qid')
+    index.scorer(device='cuda')(frame)
     resident = index.searchers().searchers[0]._resident['cuda'][1]
     assert resident.device.type == 'cuda'
     np.testing.assert_array_equal(resident.cpu().numpy(), np.asarray(index.payload()[1]))

@@ -154,7 +154,8 @@ KERNEL_CHECK = textwrap.dedent('''
 
 def test_the_triton_kernel_in_its_interpreter(tmp_path):
     pytest.importorskip('triton')
-    env = {**os.environ, 'TRITON_INTERPRET': '1', 'PYTHONPATH': os.path.dirname(__file__)}
+    paths = [os.path.dirname(__file__), *filter(None, os.environ.get('PYTHONPATH', '').split(os.pathsep))]
+    env = {**os.environ, 'TRITON_INTERPRET': '1', 'PYTHONPATH': os.pathsep.join(paths)}  # the tests' helpers too
     script = f'INDEX = {str(tmp_path / "index")!r}\n' + KERNEL_CHECK
     run = subprocess.run([sys.executable, '-c', script], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]

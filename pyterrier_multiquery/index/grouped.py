@@ -16,6 +16,7 @@ torch path, the rounding of the bfloat16 product it returns. The documents the b
 float64 (:func:`~.exact.scored_candidates`), so that rankings and scores are those of the CPU.
 """
 import functools
+import warnings
 from typing import Iterator, List, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -120,7 +121,9 @@ def _padded_block(vectors, offsets: np.ndarray, lengths: np.ndarray, docids: np.
     else:
         index = np.minimum(offsets[docids][:, None] + np.arange(length), offsets[docids + 1][:, None] - 1)
         rows = np.asarray(vectors[index.reshape(-1)])
-    return torch.from_numpy(np.ascontiguousarray(rows)).to(GROUP_DTYPE).view(len(docids), length, -1)
+    with warnings.catch_warnings():  # a read-only memory map: only read here, by the conversion
+        warnings.filterwarnings('ignore', message='The given NumPy array is not writable')
+        return torch.from_numpy(np.ascontiguousarray(rows)).to(GROUP_DTYPE).view(len(docids), length, -1)
 
 
 def grouped_similarity_error(dim: int, backend: str) -> float:
