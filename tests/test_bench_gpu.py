@@ -1,0 +1,53 @@
+"""experiments/bench_gpu.py, the script a lent GPU runs, dry-run on the CPU (the index screening by length groups
+there, as on a GPU): its reference ranks as the index does, and a tiny run writes the report."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip('tabulate')
+
+EXPERIMENTS = Path(__file__).parents[1] / 'experiments'
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    spec = importlib.util.spec_from_file_location('bench_gpu', EXPERIMENTS / 'bench_gpu.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, 'DEVICE', 'cpu')
+    monkeypatch.setattr(module, 'bf16_peak', lambda: 1.0)
+    return module
+
+
+def test_the_reference_takes_each_ragged_documents_maximum(bench):
+    rng = np.random.default_rng(0)
+    lengths = np.array([1, 3, 2, 5])
+    vectors = rng.normal(size=(lengths.sum(), 4)).astype(np.float32)
+    queries = [rng.normal(size=(2, 4)).astype(np.float32) for _ in range(3)]
+    scores, ids = bench.Reference(vectors, lengths, queries, block=4).search()  # blocks split between documents
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    for query, top, found in zip(queries, ids, scores):
+        expected = np.array([(query @ vectors[a:b].T).max(axis=1).mean() for a, b in zip(offsets[:-1], offsets[1:])])
+        np.testing.assert_array_equal(top, np.argsort(-expected, kind='stable'))
+        np.testing.assert_allclose(found, np.sort(expected)[::-1], rtol=1e-6)
+
+
+def test_a_tiny_dry_run_writes_the_report(bench, tmp_path, monkeypatch):
+    from pyterrier_multiquery.index import shardwise
+    monkeypatch.setattr(shardwise, 'uses_length_groups', shardwise.uses_length_groups)  # the dry run replaces it
+    out = tmp_path / 'report'
+    monkeypatch.setattr(sys, 'argv', ['bench_gpu.py', '--device', 'cpu', '--workloads', 'ragged-1k', '--repeats', '1',
+                                      '--cpu-check-docs', '2000', '--work-dir', str(tmp_path / 'work'),
+                                      '--out', str(out)])
+    bench.main()
+    rows = json.loads(out.with_suffix('.json').read_text())['tables']['Exact search']
+    assert [r['system'] for r in rows] == ['reference (torch, float32, resident)', 'index exact (cpu)',
+                                           'index exact (cpu, every thread)']
+    grouped = rows[1]
+    assert grouped['same order'] == 1.0 and grouped['max |Δscore|'] == 0.0  # the CPU's rankings and scores
+    assert grouped['checked against'] == 'index exact (cpu)' and grouped['host GiB (streamed)'] == 0
+    assert grouped['docs'] == 1000 and grouped['stored vectors'] >= 4 * 1000
