@@ -383,12 +383,13 @@ def _first_record(path: Path) -> dict:
     """The first JSON object of a ``.json`` list or ``.jsonl`` file (an empty dict where there is none)."""
     try:
         with open(path, encoding='utf-8') as f:
-            head = f.read(1 << 16)
-        if head.lstrip().startswith('['):
-            decoded, _ = json.JSONDecoder().raw_decode(head.lstrip()[1:].lstrip())
-        else:
-            decoded = json.loads(head.splitlines()[0]) if head.strip() else {}
-    except (ValueError, IndexError):
+            head = f.readline()  # a .jsonl file's first record, whole
+            if head.lstrip().startswith('['):  # a list: its first object, on however many lines
+                head += f.read(1 << 20)
+                decoded, _ = json.JSONDecoder().raw_decode(head.lstrip()[1:].lstrip())
+            else:
+                decoded = json.loads(head) if head.strip() else {}
+    except ValueError:
         return {}
     return decoded if isinstance(decoded, dict) else {}
 

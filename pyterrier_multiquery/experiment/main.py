@@ -84,8 +84,10 @@ def main(argv=None) -> int:
     with quiet(not args.verbose):
         folders_before = _irds_folders()
         try:
-            trained_on = [] if train_dataset is None else list(train_dataset.members.values()) \
-                if isinstance(train_dataset, CombinedDataset) else [train_dataset]
+            trained_on = []
+            if train_dataset is not None:
+                trained_on = list(train_dataset.members.values()) if isinstance(train_dataset, CombinedDataset) \
+                    else [train_dataset]
             # trained on other collections only: every question of --dataset is a test question
             split = dataset_split(dataset, args.variant, whole=bool(trained_on) and dataset not in trained_on)
             train_split = split

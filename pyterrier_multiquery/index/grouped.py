@@ -24,6 +24,7 @@ import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.index.exact import UNIT_ROUNDOFF, ScreenedBatch, product_error, scored_candidates
+from pyterrier_multiquery.index.maxsim import padded_queries
 
 with requires('dense'):
     import torch
@@ -148,13 +149,11 @@ def screening_backend(device: str) -> str:
 def padded_query_tensors(queries: List[np.ndarray], aggregate: str, device: str) -> Tuple['torch.Tensor', ...]:
     """Queries as ``(queries, power of two, dim)`` bfloat16 vectors padded with zero vectors, and the float32
     weight of each vector's maximum (1, or 1 / the query's length for the mean; 0 for padding)."""
-    lengths = np.array([len(q) for q in queries])
-    width = int(padded_lengths(np.array([lengths.max()]))[0])
-    padded = np.zeros((len(queries), width, queries[0].shape[1]), dtype=np.float32)
-    weights = np.zeros((len(queries), width), dtype=np.float32)
-    for i, query in enumerate(queries):
-        padded[i, :len(query)] = query
-        weights[i, :len(query)] = 1 / len(query) if aggregate == 'mean' else 1
+    padded, lengths = padded_queries(queries)
+    width = int(padded_lengths(lengths.max(keepdims=True))[0])
+    padded = np.pad(padded, ((0, 0), (0, width - padded.shape[1]), (0, 0)))
+    weights = np.where(np.arange(width) < lengths[:, None], 1 / lengths[:, None] if aggregate == 'mean' else 1.0,
+                       0.0).astype(np.float32)
     return torch.from_numpy(padded).to(device).to(GROUP_DTYPE), torch.from_numpy(weights).to(device)
 
 
