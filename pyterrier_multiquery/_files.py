@@ -3,11 +3,14 @@ import ctypes
 import errno
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, Optional, Union
+from typing import BinaryIO, Callable, Iterable, Iterator, Mapping, Optional, Union
+
+import numpy as np
 
 PathLike = Union[str, Path]
 
@@ -103,23 +106,126 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def build_once(path: PathLike, build: Callable[[str], None], *, overwrite: bool = False) -> Path:
-    """Builds a folder (an index, a model) at ``path`` unless it is already there, never leaving a half-built one.
+#: The file a folder made by :func:`build_once` keeps what made it in.
+BUILT_FROM = 'built_from.json'
+
+
+class StaleBuildError(FileExistsError):
+    """A folder is already at the path, made from other records or settings than those asked for."""
+
+
+def build_once(path: PathLike, build: Callable[[str, Iterable], None], records: Callable[[], Iterable], *,
+               settings: Optional[dict] = None, overwrite: bool = False) -> Path:
+    """Builds a folder (an index) at ``path`` from ``records``, unless one made from the same records and settings is
+    there; never serves one made from others, never leaves a half-built one.
+
+    The folder keeps a SHA-256 of the records it was built from, and ``settings``, in ``built_from.json``. An existing
+    folder is reused only where both equal those asked for (the records are read again to hash them: a pass over
+    the corpus, no indexing).
 
     Args:
         path: Where the finished folder lives.
-        build: Writes the folder into the (not yet existing) path it is given.
-        overwrite: Whether to build even where ``path`` exists (the old folder is replaced once the new one is
-            complete).
+        build: Writes the folder into the (not yet existing) path it is given, from the records it is given.
+        records: Returns the records (dicts) to build from.
+        settings: Whatever else decides the folder's content (JSON-able).
+        overwrite: Whether to build even where a folder made from other records or settings is at ``path`` (it is
+            replaced once the new one is complete).
 
-    Returns:
-        The path of the finished folder.
+    Raises:
+        StaleBuildError: If ``path`` holds a folder made from other records or settings (or one not made by this
+            function) and ``overwrite`` is False.
     """
     path = Path(path)
-    if overwrite or not path.exists():
-        with building(path) as tmp:
-            build(str(tmp))
+    settings = json.loads(json.dumps(settings or {}))
+    if path.exists() and not overwrite:
+        made_from = {'records': records_digest(records()), 'settings': settings}
+        stored = _built_from(path)
+        if stored == made_from:
+            return path
+        if stored is None:
+            raise StaleBuildError(f'{str(path)!r} exists but was not built by this helper (no {BUILT_FROM}): pass '
+                                  'overwrite=True to replace it, or choose another path')
+        changed = [name for name in ('records', 'settings') if stored.get(name) != made_from[name]]
+        raise StaleBuildError(f'{str(path)!r} was built from other {" and ".join(changed)} than these: pass '
+                              'overwrite=True to rebuild it, or choose another path')
+    with building(path) as tmp:
+        hashed = DigestingIterable(records())
+        build(str(tmp), hashed)
+        if tmp.is_dir():  # else building() names the empty build
+            (tmp / BUILT_FROM).write_text(json.dumps({'records': hashed.hexdigest(), 'settings': settings}, indent=1))
     return path
+
+
+def _built_from(path: Path) -> Optional[dict]:
+    try:
+        stored = json.loads((path / BUILT_FROM).read_text())
+    except (OSError, ValueError):
+        return None
+    return stored if isinstance(stored, dict) else None
+
+
+class DigestingIterable:
+    """Yields the records of an iterable, hashing each as it passes (:func:`records_digest` of all of them)."""
+
+    def __init__(self, records: Iterable):
+        self._records = records
+        self._digest = hashlib.sha256()
+        self._done = False
+
+    def __iter__(self):
+        if self._done:
+            raise RuntimeError('the records can be read once')
+        self._done = True
+        for record in self._records:
+            self._digest.update(record_bytes(record))
+            yield record
+
+    def hexdigest(self) -> str:
+        """The SHA-256 of the records read so far."""
+        return self._digest.hexdigest()
+
+
+def records_digest(records: Iterable) -> str:
+    """The SHA-256 of records (dicts of strings, numbers, arrays, token dicts), in order: equal exactly where every
+    field's name, type and value are equal."""
+    digest = hashlib.sha256()
+    for record in records:
+        digest.update(record_bytes(record))
+    return digest.hexdigest()
+
+
+def record_bytes(value) -> bytes:
+    """An unambiguous byte encoding of a record or of one of its values: arrays by dtype, shape and every byte (not
+    their printed, abbreviated form), mappings by sorted key."""
+    if isinstance(value, Mapping):
+        items = sorted((str(k), v) for k, v in value.items())
+        return b'{' + b''.join(_framed(k.encode()) + _framed(record_bytes(v)) for k, v in items) + b'}'
+    if isinstance(value, np.ndarray) or type(value).__module__ == 'torch':
+        array = np.ascontiguousarray(np.asarray(value))
+        return b'a' + _framed(f'{array.dtype.str}{array.shape}'.encode()) + _framed(array.tobytes())
+    if isinstance(value, (list, tuple)):
+        return b'[' + b''.join(_framed(record_bytes(v)) for v in value) + b']'
+    if isinstance(value, np.generic):
+        value = value.item()
+    return b's' + _framed(f'{type(value).__name__}:{value!r}'.encode())
+
+
+def encoder_digest(encoder) -> str:
+    """The SHA-256 of an encoder: its repr and every tensor of its torch module (``module`` of a
+    :class:`~pyterrier_multiquery.multivector_encoder.MultiVectorEncoder`, ``model`` of a pyterrier_dr encoder), so
+    that weights changed in place at the same path give another digest."""
+    digest = hashlib.sha256(repr(encoder).encode())
+    module = getattr(encoder, 'module', None) or getattr(encoder, 'model', None)
+    if hasattr(module, 'state_dict'):
+        for name, tensor in module.state_dict().items():
+            data = tensor.detach().cpu().contiguous().flatten()
+            digest.update(_framed(f'{name}:{data.dtype}:{tuple(tensor.shape)}'.encode()))
+            digest.update(_framed((data.float() if data.is_floating_point() else data).numpy().tobytes()))
+    return digest.hexdigest()
+
+
+def _framed(data: bytes) -> bytes:
+    return len(data).to_bytes(8, 'little') + data
 
 
 @contextmanager

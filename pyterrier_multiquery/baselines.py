@@ -9,7 +9,7 @@ import pandas as pd
 import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
-from pyterrier_multiquery._files import build_once
+from pyterrier_multiquery._files import build_once, encoder_digest
 from pyterrier_multiquery._transformer import DerivedIdentity
 
 PathLike = Union[str, Path]
@@ -20,30 +20,36 @@ BM25_ENGINES = ('pisa', 'lucene')
 
 
 def bm25(path: PathLike, corpus: Callable[[], Iterable[dict]], *, engine: str = 'pisa', num_results: int = 1000,
-         **bm25_args) -> pt.Transformer:
-    """BM25 over an index of the ``text`` field, built at ``path`` the first time.
+         overwrite: bool = False, **bm25_args) -> pt.Transformer:
+    """BM25 over an index of the ``text`` field, built at ``path`` the first time and reused while the corpus is the
+    same (:func:`~pyterrier_multiquery._files.build_once`).
 
     Args:
         path: The index folder.
-        corpus: Returns an iterable of ``{'docno', 'text'}`` dicts (called only when the index is built).
+        corpus: Returns an iterable of ``{'docno', 'text'}`` dicts (read once per call: indexed, or hashed to check
+            that the index at ``path`` was built from them).
         engine: ``'pisa'`` (pyterrier-pisa, the ``[pisa]`` extra; Porter2, Terrier's stopwords) or ``'lucene'``
             (Anserini through pyserini, the ``[pyserini]`` extra and Java 21+; Porter, Terrier's stopwords).
         num_results: Number of results per query.
+        overwrite: Whether to rebuild an index at ``path`` built from another corpus.
         bm25_args: Passed to the engine's ``bm25`` (``k1``, ``b``, ...): :meth:`pyterrier_pisa.PisaIndex.bm25` or
             :meth:`pyterrier_multiquery.lucene.LuceneIndex.bm25`.
 
     Raises:
+        StaleBuildError: If ``path`` holds an index of another corpus and ``overwrite`` is False.
         ValueError: If ``engine`` is not one of :data:`BM25_ENGINES`.
         ModuleNotFoundError: Naming the extra to install, when the engine's package is missing.
     """
     if engine == 'pisa':
         with requires('pisa'):
             from pyterrier_pisa import PisaIndex
-        build_once(path, lambda tmp: PisaIndex(tmp, text_field='text').index(corpus()))
+        build_once(path, lambda tmp, docs: PisaIndex(tmp, text_field='text').index(docs), corpus,
+                   settings={'engine': engine}, overwrite=overwrite)
         return PisaIndex(str(path), text_field='text').bm25(num_results=num_results, **bm25_args)
     if engine == 'lucene':
         from pyterrier_multiquery.lucene import LuceneIndex
-        build_once(path, lambda tmp: LuceneIndex(tmp).index(corpus()))
+        build_once(path, lambda tmp, docs: LuceneIndex(tmp).index(docs), corpus, settings={'engine': engine},
+                   overwrite=overwrite)
         return LuceneIndex(path).bm25(num_results=num_results, **bm25_args)
     raise ValueError(f'engine must be one of {BM25_ENGINES}, got {engine!r}')
 
@@ -58,25 +64,31 @@ def minilm(*, batch_size: int = 64, verbose: bool = False, device=None) -> pt.Tr
 
 
 def flex_index(path: PathLike, encoder: Optional[pt.Transformer], corpus: Optional[Callable[[], Iterable[dict]]], *,
-               verbose: bool = True):
-    """A pyterrier_dr FlexIndex of document vectors, built at ``path`` the first time.
+               verbose: bool = True, overwrite: bool = False):
+    """A pyterrier_dr FlexIndex of document vectors, built at ``path`` the first time and reused while the corpus and
+    the encoder (its weights) are the same (:func:`~pyterrier_multiquery._files.build_once`).
 
     Args:
         path: The index folder.
-        encoder: A pyterrier_dr bi-encoder that writes ``doc_vec`` from ``text`` (None where the index is built).
+        encoder: A pyterrier_dr bi-encoder that writes ``doc_vec`` from ``text`` (None for ``doc_vec`` records).
         corpus: Returns an iterable of ``{'docno', 'text'}`` dicts, encoded by ``encoder``, or of
-            ``{'docno', 'doc_vec'}`` dicts, indexed as they are; called only when the index is built.
+            ``{'docno', 'doc_vec'}`` dicts, indexed as they are; read once per call (indexed, or hashed).
         verbose: Whether the index shows progress bars.
+        overwrite: Whether to rebuild an index at ``path`` built from another corpus or encoder.
+
+    Raises:
+        StaleBuildError: If ``path`` holds an index of another corpus or encoder and ``overwrite`` is False.
     """
     with requires('dense'):
         from pyterrier_dr import FlexIndex
 
-    def build(tmp: str) -> None:
-        records = more_itertools.peekable(corpus())
+    def build(tmp: str, docs: Iterable[dict]) -> None:
+        records = more_itertools.peekable(docs)
         indexer = FlexIndex(tmp, verbose=verbose).indexer()
         (indexer if 'doc_vec' in records.peek({}) else encoder.doc_encoder() >> indexer).index(records)
 
-    build_once(path, build)
+    build_once(path, build, corpus, settings={'encoder': None if encoder is None else encoder_digest(encoder)},
+               overwrite=overwrite)
     return FlexIndex(str(path), verbose=verbose)
 
 

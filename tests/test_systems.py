@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from pyterrier_multiquery._files import StaleBuildError
 from pyterrier_multiquery.experiment import systems
 
 pyterrier_dr = pytest.importorskip('pyterrier_dr')
@@ -71,8 +72,12 @@ def test_dense_indexes_texts_or_given_vectors_once(tmp_path, docs):
     assert scores(by_text) == {'d1': 1.0, 'd2': 0.0}   # 'who moon' . 'apollo moon landing'
     vectors = docs.assign(doc_vec=[np.eye(len(VOCAB), dtype=np.float32)[5], np.zeros(len(VOCAB), np.float32)])
     assert scores(systems.dense(encoder, lambda: vectors, tmp_path / 'vec.flex')(TOPICS)) == {'d1': 1.0, 'd2': 0.0}
-    again = systems.dense(encoder, lambda: pytest.fail('the index is built already'), tmp_path / 'text.flex')
+    calls = len(encoder.calls)
+    again = systems.dense(encoder, lambda: docs, tmp_path / 'text.flex')
+    assert len(encoder.calls) == calls  # the same documents: the index is reused, nothing is encoded
     pd.testing.assert_frame_equal(again(TOPICS), by_text)
+    with pytest.raises(StaleBuildError, match='other records'):
+        systems.dense(encoder, lambda: docs.head(1), tmp_path / 'text.flex')
 
 
 def test_qaencoder_systems_score_as_the_paper_defines(tmp_path, docs):
@@ -159,9 +164,17 @@ def test_multivector_retrievers(tmp_path):
     assert runs['mean'] == pytest.approx({k: float(unit(q.mean(0)) @ unit(e.mean(0))) for k, e in d.items()},
                                          abs=1e-5)
     assert set(runs['mean hybrid']) == set(runs['mean']) | set(runs['sparse'])
-    again = systems.multivector_retrievers(encoder, lambda: pytest.fail('the indexes are built already'),
-                                           tmp_path / 'x', modes=['hybrid'])
+    encode = encoder.doc_encoder
+    encoder.doc_encoder = lambda: pytest.fail('the indexes are built already')
+    again = systems.multivector_retrievers(encoder, lambda: documents, tmp_path / 'x', modes=['hybrid'])
     assert scores(again['hybrid'](topics)) == pytest.approx(runs['hybrid'])
+    encoder.doc_encoder = encode
+    with pytest.raises(StaleBuildError, match='other records'):  # another corpus: never the old encodings
+        systems.multivector_retrievers(encoder, lambda: documents.head(1), tmp_path / 'x', modes=['hybrid'])
+    with torch.no_grad():
+        model.bert.embeddings.word_embeddings.weight[5] += 1.  # trained further, in place
+    with pytest.raises(StaleBuildError, match='other settings'):
+        systems.multivector_retrievers(encoder, lambda: documents, tmp_path / 'x', modes=['dense'])
     with pytest.raises(ValueError, match='mode must be one of'):
         systems.multivector_retrievers(encoder, lambda: documents, tmp_path / 'y', modes=['colbert'])
 

@@ -1,6 +1,6 @@
 """Sparse representations from vocabulary logits (log(1 + ReLU) max-pooled over positions, on content words),
 and the pyterrier-pisa or Lucene index that searches them."""
-from typing import Dict, List
+from typing import Dict, Iterable, List
 
 import numpy as np
 
@@ -53,18 +53,25 @@ def _marks_word_starts(tokenizer) -> bool:
     return any(t.startswith(('Ġ', '▁')) for t in tokens)
 
 
-def sparse_index(path, encoded_docs, *, overwrite: bool = False):
+def sparse_index(path, encoded_docs: Iterable[dict], *, overwrite: bool = False):
     """A pyterrier-pisa index (no stemming) of the ``toks`` weights of documents that went through a doc encoder,
-    built at ``path`` unless it is there (or with ``overwrite``)."""
+    built at ``path``, or the one there where it was built from the same records.
+
+    Raises:
+        StaleBuildError: If ``path`` holds an index of other records and ``overwrite`` is False.
+    """
     with requires('pisa'):
         from pyterrier_pisa import PisaIndex
-    build_once(path, lambda tmp: PisaIndex(tmp, stemmer='none').toks_indexer().index(encoded_docs), overwrite=overwrite)
+    build_once(path, lambda tmp, docs: PisaIndex(tmp, stemmer='none').toks_indexer().index(docs),
+               lambda: encoded_docs, settings={'engine': 'pisa'}, overwrite=overwrite)
     return PisaIndex(str(path), stemmer='none')
 
 
-def lucene_sparse_index(path, encoded_docs, *, overwrite: bool = False):
+def lucene_sparse_index(path, encoded_docs: Iterable[dict], *, overwrite: bool = False):
     """A Lucene impact index (pyserini, Java 21+) of the ``toks`` weights, quantised as :func:`sparse_index`'s
-    (``int(100 w)``); its ``impact()`` retriever scores ``query_toks`` as PISA's ``quantized()`` does."""
+    (``int(100 w)``); its ``impact()`` retriever scores ``query_toks`` as PISA's ``quantized()`` does. Built, or
+    reused, as :func:`sparse_index`."""
     from pyterrier_multiquery.lucene import LuceneIndex
-    build_once(path, lambda tmp: LuceneIndex(tmp).toks_indexer().index(encoded_docs), overwrite=overwrite)
+    build_once(path, lambda tmp, docs: LuceneIndex(tmp).toks_indexer().index(docs), lambda: encoded_docs,
+               settings={'engine': 'lucene'}, overwrite=overwrite)
     return LuceneIndex(path)

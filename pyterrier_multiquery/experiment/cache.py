@@ -18,7 +18,7 @@ from typing import Callable, Dict, Iterable, Optional, Sequence
 
 import pandas as pd
 
-from pyterrier_multiquery._files import _remove, building, exclusive_lock, file_sha256
+from pyterrier_multiquery._files import _remove, building, exclusive_lock, file_sha256, records_digest
 
 MANIFEST = 'manifest.json'
 ARTIFACT = 'artifact'
@@ -78,8 +78,7 @@ def data_fingerprint(*parts) -> str:
         elif isinstance(part, (str, int, float)):
             digest.update(json.dumps(part).encode())
         else:
-            for record in part:
-                digest.update(json.dumps(record, sort_keys=True, default=str).encode() + b'\n')
+            digest.update(records_digest(part).encode())  # every array value whole, not its printed abbreviation
         digest.update(b'\0')
     return digest.hexdigest()
 

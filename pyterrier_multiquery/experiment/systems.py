@@ -12,15 +12,16 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
+import more_itertools
 import numpy as np
 import pandas as pd
 import pyterrier as pt
 
 from pyterrier_multiquery import baselines
 from pyterrier_multiquery._extras import requires
-from pyterrier_multiquery._files import build_once
+from pyterrier_multiquery._files import build_once, encoder_digest
 from pyterrier_multiquery.baselines import MMR, flex_index, minilm
 from pyterrier_multiquery.experiment.cache import (
     Cache,
@@ -73,12 +74,14 @@ class DenseFirstStage:
         self.cache_dir = self.cache.root
         self.verbose = verbose
         self.batch_size = batch_size
+        with requires('dense'):
+            from pyterrier_dr import FlexIndex
         self.corpus = corpus_fingerprint(dataset)
         self.encoder = minilm(batch_size=batch_size, verbose=verbose)
         path = self.cache.get('minilm.flex', lambda tmp: flex_index(tmp, self.encoder, lambda: dataset.get_corpus_iter(
             verbose=verbose), verbose=verbose), data=self.corpus, settings={'batch_size': batch_size},
             code=code_fingerprint('pyterrier_multiquery.baselines'))
-        self.index = flex_index(path, self.encoder, None, verbose=verbose)
+        self.index = FlexIndex(str(path), verbose=verbose)  # the cache checked it
         self.key = entry_key(path)
         self._multivector_index = None
 
@@ -390,13 +393,13 @@ def single_vector(first_stage: DenseFirstStage, model: os.PathLike, *, num_resul
     """A fine-tuned single-vector encoder (:func:`train_single_vector`) searching the first stage's corpus, encoded
     into a FlexIndex that is an entry of the first stage's cache."""
     with requires('dense'):
-        from pyterrier_dr import SBertBiEncoder
+        from pyterrier_dr import FlexIndex, SBertBiEncoder
     encoder = SBertBiEncoder(str(model), batch_size=first_stage.batch_size, verbose=first_stage.verbose)
     corpus = lambda: first_stage.dataset.get_corpus_iter(verbose=first_stage.verbose)  # noqa: E731
     path = first_stage.cache.get('single-vector.flex', lambda tmp: flex_index(tmp, encoder, corpus),
                                  data=first_stage.corpus, settings={'batch_size': first_stage.batch_size},
                                  code=code_fingerprint('pyterrier_multiquery.baselines'), first_stage=entry_key(model))
-    return encoder.query_encoder() >> flex_index(path, encoder, None).retriever(num_results=num_results)
+    return encoder.query_encoder() >> FlexIndex(str(path)).retriever(num_results=num_results)
 
 
 def baseline_systems(first_stage: DenseFirstStage, *, num_results: int = 1000, mmr_lambda: float = 0.9,
@@ -439,7 +442,7 @@ def diffretriever(dataset, cache_dir: os.PathLike, model_path, *, mode: str = 'h
     if mode not in ('dense', 'mean', 'sparse', 'hybrid'):
         raise ValueError(f"mode must be 'dense', 'mean', 'sparse' or 'hybrid', got {mode!r}")
     encoder = DiffRetriever.from_pretrained(str(model_path), k_query=k_query, k_doc=k_doc, **encoder_args)
-    name = f'diffretriever-{hashlib.sha1(str(Path(model_path).resolve()).encode()).hexdigest()[:10]}-k{encoder.k_doc}'
+    name = f'diffretriever-{encoder_digest(encoder)[:16]}'
     return multivector_retrievers(encoder, lambda: corpus_frame(dataset), Path(cache_dir) / name,
                                   modes=(mode,), num_results=num_results)[mode]
 
@@ -470,20 +473,30 @@ def multivector_retrievers(encoder, corpus: Callable[[], pd.DataFrame], path: os
         raise ValueError(f'mode must be one of {MULTIVECTOR_MODES}, got {unknown}')
     path = Path(path)
     sparse = any(mode in ('sparse', 'hybrid', 'mean hybrid') for mode in modes)
-    encoded = functools.lru_cache(maxsize=None)(lambda: encoder.doc_encoder()(pd.DataFrame(corpus())))  # once for both
+    documents = functools.lru_cache(maxsize=None)(lambda: pd.DataFrame(corpus()))
+    encoded = functools.lru_cache(maxsize=None)(lambda: encoder.doc_encoder()(documents()))  # once for both
+    settings = {'encoder': encoder_digest(encoder)}
 
     def records(column: str) -> List[Dict]:
         return encoded()[['docno', column]].to_dict(orient='records')
 
-    dense_path = build_once(path.with_name(path.name + '.mvi'),
-                            lambda tmp: MultiVectorIndex(tmp, verbose=False).index(records('doc_embs')))
+    def built(suffix: str, write: Callable[[str], None]) -> Path:
+        def build(tmp: str, docs: Iterable[Dict]) -> None:
+            more_itertools.consume(docs)  # hashed: the documents whose encodings are written
+            write(tmp)
+        return build_once(path.with_name(path.name + suffix), build, lambda: documents().to_dict(orient='records'),
+                          settings=settings)
+
+    dense_path = built('.mvi', lambda tmp: MultiVectorIndex(tmp, verbose=False).index(records('doc_embs')))
     dense_index = MultiVectorIndex(dense_path, verbose=False)
     first = {'dense': dense_index.maxsim_retriever(num_results=num_results)}
     if any(mode in ('mean', 'mean hybrid') for mode in modes):
         first['mean'] = dense_index.mean_retriever(num_results=num_results, normalise=True)
     if sparse:
-        pisa_path = build_once(path.with_name(path.name + '.pisa'), lambda tmp: sparse_index(tmp, records('toks')))
-        first['sparse'] = sparse_index(pisa_path, []).quantized(num_results=num_results)
+        pisa_path = built('.pisa', lambda tmp: sparse_index(tmp, records('toks')))
+        with requires('pisa'):
+            from pyterrier_pisa import PisaIndex
+        first['sparse'] = PisaIndex(str(pisa_path), stemmer='none').quantized(num_results=num_results)
         first['hybrid'] = HybridRetriever(first['dense'], first['sparse'], num_results=num_results)
         if 'mean' in first:
             first['mean hybrid'] = HybridRetriever(first['mean'], first['sparse'], num_results=num_results)
@@ -560,8 +573,8 @@ def qaencoder(encoder, documents: pd.DataFrame, path: os.PathLike, method: str =
     if method != 'naive':
         return dense(encoder, lambda: represent(documents), path, num_results=num_results)
     from pyterrier_multiquery.index import MultiVectorIndex
-    build_once(path, lambda tmp: MultiVectorIndex(tmp, verbose=False).index(
-        represent(documents)[['docno', 'doc_embs']].to_dict('records')))
+    build_once(path, lambda tmp, docs: MultiVectorIndex(tmp, verbose=False).index(docs),
+               lambda: represent(documents)[['docno', 'doc_embs']].to_dict('records'))
     index = MultiVectorIndex(path, verbose=False)
     as_embs = pt.apply.query_embs(lambda row: np.asarray(row['query_vec'], dtype=np.float32)[None])
     return encoder.query_encoder() >> as_embs >> index.maxsim_retriever(num_results=num_results)

@@ -4,6 +4,8 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
+from pyterrier_multiquery._extras import requires
+from pyterrier_multiquery._files import building, exclusive_lock
 from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff, validate_frame
 from pyterrier_multiquery.index.errors import CorruptIndexError
 
@@ -31,10 +33,16 @@ class MeanRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
         self.verbose = verbose
 
     def flex_index(self):
-        """The FlexIndex of document means, built the first time it is needed."""
-        from pyterrier_multiquery.baselines import flex_index
+        """The FlexIndex of document means, built the first time it is needed (inside the index's folder, which a
+        rebuild replaces whole, so it is never older than the vectors it pools)."""
+        with requires('dense'):
+            from pyterrier_dr import FlexIndex
         path = self.index.path / ('mean-normalised.flex' if self.normalise else 'mean.flex')
-        return flex_index(path, None, self._document_means, verbose=self.verbose)
+        with exclusive_lock(path):
+            if not path.exists():
+                with building(path) as tmp:
+                    FlexIndex(str(tmp), verbose=self.verbose).indexer().index(self._document_means())
+        return FlexIndex(str(path), verbose=self.verbose)
 
     def _document_means(self):
         for document in self.index.get_corpus_iter(verbose=False):
