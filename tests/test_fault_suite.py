@@ -395,3 +395,35 @@ def test_builds_killed_at_random_points(tmp_path, fault_cases, cls):
         assert sorted(p.name for p in path.parent.iterdir() if p.name.startswith(f'.case-{case}')) == []
     assert 20 in outcomes, 'no kill interrupted a build'
 
+
+
+def _parallel_build(path):
+    rng = np.random.default_rng(0)
+    docs = ({'docno': f'd{i}', 'doc_embs': rng.standard_normal((4, 64), dtype=np.float32)} for i in range(200_000))
+    ShardedMultiVectorIndex(path, verbose=False).indexer(shard_size=25_000, processes=2, overwrite=True).index(docs)
+
+
+def test_killed_parallel_builds_leave_no_worker_busy_or_idle(tmp_path, fault_cases):
+    """A parallel build SIGKILLed at random points, with its workers reading, writing or waiting: within seconds no
+    process of the build is left (a busy worker used to outlive it, blocked on its task pipe)."""
+    psutil = pytest.importorskip('psutil')
+    context = multiprocessing.get_context('fork')
+    workers_seen = 0
+    for case, delay in enumerate(np.random.default_rng(1).uniform(0, 3, size=6)):
+        fault_cases()
+        builder = context.Process(target=_parallel_build, args=(tmp_path / f'case-{case}',))
+        builder.start()
+        parent = psutil.Process(builder.pid)
+        deadline = time.monotonic() + 60
+        while not parent.children() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(delay)
+        workers = parent.children(recursive=True)
+        os.kill(builder.pid, signal.SIGKILL)
+        builder.join()
+        workers_seen += len(workers)
+        _, alive = psutil.wait_procs(workers, timeout=5)
+        for survivor in alive:
+            survivor.kill()  # not left behind by a failing run
+        assert alive == [], f'case {case} (killed {delay:.2f}s after its first worker started): {alive} outlived it'
+    assert workers_seen >= 6, 'the kills did not find the workers running'

@@ -15,7 +15,7 @@ import pandas as pd
 import pyterrier as pt
 import pyterrier_alpha as pta
 
-from pyterrier_multiquery._files import _remove, building, exclusive_lock
+from pyterrier_multiquery._files import _remove, building, exclusive_lock, exit_with_parent
 from pyterrier_multiquery.index.errors import CorruptIndexError
 from pyterrier_multiquery.index.core import (
     _DTYPES,
@@ -523,9 +523,11 @@ def _build_in_processes(groups: Iterator[Iterator[Dict]], folder: Path, dtype: s
 def _write_shard(path: Path, dtype: str, records, errors, parent: int) -> None:
     """A worker process: indexes the batches of records that arrive until None; reports an error and exits 1.
 
-    While it waits for records it checks every second that ``parent``, the process sending them, is alive, and
-    exits once it is not (a killed parent cannot stop it otherwise).
+    It dies with ``parent``, the process sending the records, whatever it is doing (a worker killed half-way
+    leaves only its temporary folder, inside the parent's, which the next build removes). Where the system cannot
+    tie the two, it checks every second that it waits for records that ``parent`` is alive, and exits once it is not.
     """
+    exit_with_parent(parent)
     def stream():
         while True:
             try:
