@@ -378,3 +378,37 @@ def test_scores_do_not_depend_on_how_queries_are_batched(tmp_path):
                 for batch_size in (1, 5, 64)]
         for run in runs[1:]:
             pd.testing.assert_frame_equal(run, runs[0], check_exact=True)
+
+
+@pytest.mark.parametrize('kind', ['exact', 'scorer', 'mean', 'multiquery'])
+def test_a_search_that_meets_a_rebuild_searches_the_new_build_once_more(tmp_path, monkeypatch, kind):
+    from pyterrier_multiquery.index import IndexReplacedError
+    from pyterrier_multiquery.index.shardwise import ShardSearcher
+    path = tmp_path / 'index'
+    build = lambda value: MultiVectorIndex(path, verbose=False).indexer(overwrite=True).index(  # noqa: E731
+        [{'docno': f'v{value}', 'doc_embs': np.full((1, 2), value, dtype=np.float32)},
+         {'docno': 'low', 'doc_embs': np.full((1, 2), 0.5, dtype=np.float32)}])
+    build(1)
+    index = MultiVectorIndex(path, verbose=False)
+    search = {'exact': index.maxsim_retriever(), 'scorer': index.scorer(), 'mean': index.mean_retriever(),
+              'multiquery': index.multiquery_retriever()}[kind]
+    query = pd.DataFrame({'qid': ['q'], 'query_embs': [np.ones((1, 2), dtype=np.float32)]})
+    search(query if kind != 'scorer' else query.assign(docno=['v1']))  # opened on build 1
+    original, rebuilds = ShardSearcher.payload, []
+
+    def rebuilt_while_searching(self, builds):
+        if len(rebuilds) < builds:
+            rebuilds.append(None)
+            build(2 + len(rebuilds))  # another process's overwrite, as this search reads the shard
+        return original(self)
+
+    monkeypatch.setattr(ShardSearcher, 'payload', lambda self: rebuilt_while_searching(self, 1))
+    out = search(query if kind != 'scorer' else query.assign(docno=['v3'])).sort_values('rank')
+    assert out['docno'].iloc[0] == 'v3'  # the new build's document
+    if kind != 'multiquery':  # (whose scores are its merge's)
+        assert out['score'].iloc[0] == pytest.approx(6.)
+    rebuilds.clear()
+    monkeypatch.setattr(ShardSearcher, 'payload', lambda self: rebuilt_while_searching(self, 2))
+    with pytest.raises(IndexReplacedError, match='was replaced by another build while this search opened it'):
+        search(query if kind != 'scorer' else query.assign(docno=['v5']))  # replaced again: one retry only
+    assert len(rebuilds) == 2

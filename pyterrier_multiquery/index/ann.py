@@ -13,7 +13,7 @@ import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import file_sha256, remove_stale
-from pyterrier_multiquery.index.errors import CorruptIndexError
+from pyterrier_multiquery.index.errors import CorruptIndexError, IndexReplacedError
 
 ANN_KINDS = ('flat', 'ivf', 'hnsw')
 #: The storage each kind gets when no quantizer is named: IVF keeps 8-bit codes (143 bytes per 128-dimensional
@@ -101,7 +101,7 @@ def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, 
     except (FileNotFoundError, CorruptIndexError):
         # the folder now holds another build (its FAISS file, or none yet): that, not the file, is the news
         if index.payload()[0]['build_id'] != meta['build_id']:
-            raise CorruptIndexError(f'the index at {str(index.path)!r} was replaced by another build while this '
+            raise IndexReplacedError(f'the index at {str(index.path)!r} was replaced by another build while this '
                                     'search opened it; search again') from None
         if path.exists():
             raise

@@ -17,7 +17,7 @@ import pyterrier_alpha as pta
 
 from pyterrier_multiquery._files import building, exclusive_lock, file_sha256
 from pyterrier_multiquery._transformer import DerivedIdentity
-from pyterrier_multiquery.index.errors import CorruptIndexError
+from pyterrier_multiquery.index.errors import CorruptIndexError, IndexReplacedError
 
 _DTYPES = {'float32': ('vecs.f4', np.float32), 'float16': ('vecs.f2', np.float16)}
 _CHECKED_AT_OPEN = ('offsets.i8', 'docnos.npids')  # the vectors are checked by verify(): it reads the whole corpus
@@ -524,7 +524,7 @@ def open_whole(path: Path, artifact: type, load: Callable[[dict], T]) -> Tuple[T
             if raw_now == raw:
                 return loaded, raw
         meta, raw = meta_now, raw_now
-    raise CorruptIndexError(f'{str(path)!r} was replaced by another build at each of {_OPEN_ATTEMPTS} attempts to '
+    raise IndexReplacedError(f'{str(path)!r} was replaced by another build at each of {_OPEN_ATTEMPTS} attempts to '
                             'open it; open it again once the builds are done')
 
 

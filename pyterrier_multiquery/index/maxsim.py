@@ -7,6 +7,7 @@ import pyterrier as pt
 
 from pyterrier_multiquery._device import check_threads, cpu_threads, resolve_device
 from pyterrier_multiquery._extras import requires
+from pyterrier_multiquery.index.errors import retried_if_replaced
 from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff, validate_frame
 from pyterrier_multiquery.index.checks import ScoreCheck
 
@@ -117,6 +118,7 @@ class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
         self.drop_query_embs = drop_query_embs
         self.verbose = verbose
 
+    @retried_if_replaced
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Retrieves for each query row (``qid``, ``query_embs``)."""
         validate_frame(self, inp, 'query', ['query_embs'])
@@ -214,6 +216,7 @@ class MaxSimScorer(DerivedIdentity, NumResultsCutoff, pt.Transformer):
         self.threads = check_threads(threads)
         self.verbose = verbose
 
+    @retried_if_replaced
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Replaces ``score`` and ``rank`` with MaxSim's, per query."""
         validate_frame(self, inp, 'result', ['query_embs'])

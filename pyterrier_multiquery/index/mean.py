@@ -7,7 +7,7 @@ import pyterrier as pt
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building, exclusive_lock
 from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff, validate_frame
-from pyterrier_multiquery.index.errors import CorruptIndexError
+from pyterrier_multiquery.index.errors import CorruptIndexError, retried_if_replaced
 
 
 class MeanRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
@@ -56,6 +56,7 @@ class MeanRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
         mean = np.asarray(embs, dtype=np.float64).mean(axis=0)  # a float32 sum could overflow
         return (mean / np.linalg.norm(mean) if self.normalise else mean).astype(np.float32)
 
+    @retried_if_replaced
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Retrieves for each query row (``qid``, ``query_embs``); each shard searches its own FlexIndex."""
         from pyterrier_multiquery.index.maxsim import check_unique_qids, merge_top, query_embs, result_frame

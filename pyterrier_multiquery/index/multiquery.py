@@ -58,7 +58,8 @@ class MultiQueryRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
                                                 verbose=verbose, **maxsim_args)
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
-        """Retrieves for each query row (``qid``, ``query_embs``) and merges its vectors' lists."""
+        """Retrieves for each query row (``qid``, ``query_embs``) and merges its vectors' lists (its MaxSim retriever
+        searches once more where a rebuild replaced the index meanwhile)."""
         validate_frame(self, inp, 'query', ['query_embs'])
         from pyterrier_multiquery.index.maxsim import check_unique_qids, query_embs
         check_unique_qids(inp)

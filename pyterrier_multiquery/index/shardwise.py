@@ -12,7 +12,7 @@ import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
 
-from pyterrier_multiquery.index.errors import CorruptIndexError
+from pyterrier_multiquery.index.errors import IndexReplacedError
 from pyterrier_multiquery.index.exact import exact_top, max_vector_norm
 from pyterrier_multiquery.index.checks import ScoreCheck
 from pyterrier_multiquery.index.maxsim import aligned, rescore_candidates, score_documents
@@ -71,7 +71,7 @@ class ShardSearcher:
         """
         payload = self.shard.payload()
         if payload[0]['build_id'] != self.build_id:
-            raise CorruptIndexError(f'the index at {str(self.shard.path)!r} was replaced by another build while this '
+            raise IndexReplacedError(f'the index at {str(self.shard.path)!r} was replaced by another build while this '
                                     'search opened it; search again')
         return payload
 
