@@ -1,6 +1,8 @@
 """The index over Ray: every retriever ranks and scores as the same index in one process, bit for bit; an actor
 killed mid-batch is restarted and its part retried, past the bound a clear error; a sharded index built by Ray tasks
 is the one-process build, and a failing task leaves nothing. Ray runs locally on 2 CPUs, started once per module."""
+import fcntl
+import os
 import subprocess
 import sys
 import time
@@ -114,6 +116,29 @@ def test_arguments_are_checked(indexes):
             sharded.ray(num_actors=bad)
     with pytest.raises(ValueError, match='retries must be a non-negative integer, got -1'):
         sharded.ray(retries=-1)
+    with pytest.raises(TypeError, match='actor_class must be ShardActor or a subclass of it, got <class .dict.>'):
+        sharded.ray(actor_class=dict)
+
+
+def crashing_actor(fault_file):
+    """A ShardActor whose process ends after its first shard's part of a call (a crash mid-batch) while
+    ``fault_file`` holds a positive count, which each crash decrements (restarts keep the file)."""
+    from pyterrier_multiquery.index.distributed import ShardActor
+
+    class CrashingShardActor(ShardActor):
+        def searched(self, searcher, method, shard_args, args, kwargs):
+            result = super().searched(searcher, method, shard_args, args, kwargs)
+            with open(fault_file, 'r+') as counter:
+                fcntl.flock(counter, fcntl.LOCK_EX)  # one actor at a time
+                count = int(counter.read() or 0)
+                if count <= 0:
+                    return result
+                counter.seek(0)
+                counter.write(str(count - 1))
+                counter.truncate()
+            os._exit(1)
+
+    return CrashingShardActor
 
 
 @pytest.fixture
@@ -123,7 +148,7 @@ def faulty(indexes, tmp_path):
     sharded, _ = indexes
     fault_file = tmp_path / 'crashes'
     fault_file.write_text('0')
-    index = sharded.ray(num_actors=2, num_cpus=0.2, retries=2, fault_file=str(fault_file))
+    index = sharded.ray(num_actors=2, num_cpus=0.2, retries=2, actor_class=crashing_actor(str(fault_file)))
     yield sharded, index, fault_file
     index.close()
 

@@ -1,6 +1,5 @@
 """The index searched by Ray actors, each holding some of its shards memory-mapped, and a sharded index built by Ray
 tasks, one shard each (the ``ray`` extra). See docs/distributed.md."""
-import fcntl
 import os
 import time
 from typing import Callable, List, Optional
@@ -23,13 +22,11 @@ class ShardActor:
     """What a Ray actor holds: the :class:`~.shardwise.ShardSearcher` of each of its shards, over the shard's
     memory-mapped files on the actor's node."""
 
-    def __init__(self, shards: List[tuple], fault_file: Optional[str] = None):
+    def __init__(self, shards: List[tuple]):
         """
         Args:
             shards: ``(kind, path, build_id, first)`` of each shard: its class (:class:`MultiVectorIndex`), its
                 folder, its build id where the driver opened it, and the docid of its first document.
-            fault_file: A test hook: while this file holds a positive count, each call decrements it and ends the
-                actor's process after its first shard's part (a crash mid-batch); restarts keep the file.
 
         Raises:
             CorruptIndexError: If a shard on this node is not the one the sharded index was built with.
@@ -41,7 +38,6 @@ class ShardActor:
                 raise CorruptIndexError(f'shard {path!r} on the node {os.uname().nodename} is not the shard the '
                                         'sharded index was built with (its build id differs): copy it again')
             self.searchers.append(ShardSearcher(shard, first, build_id))
-        self.fault_file = fault_file
 
     def ready(self) -> int:
         """The actor's process id, once its shards are open."""
@@ -51,26 +47,13 @@ class ShardActor:
         """``ShardSearcher.<method>(*args, **kwargs)`` of each of the actor's shards, ``arguments`` being ``(args,
         kwargs)`` (as :meth:`~.shardwise.LocalShards.map`), torch and FAISS on ``threads`` CPU threads."""
         args, kwargs = arguments
-        results = []
         with cpu_threads(threads, with_faiss=True):
-            for i, searcher in enumerate(self.searchers):
-                results.append(getattr(searcher, method)(*(() if shard_args is None else (shard_args[i],)), *args,
-                                                         **kwargs))
-                self._crash_if_asked()
-        return results
+            return [self.searched(searcher, method, () if shard_args is None else (shard_args[i],), args, kwargs)
+                    for i, searcher in enumerate(self.searchers)]
 
-    def _crash_if_asked(self) -> None:
-        if self.fault_file is None or not os.path.exists(self.fault_file):
-            return
-        with open(self.fault_file, 'r+') as counter:
-            fcntl.flock(counter, fcntl.LOCK_EX)  # one actor at a time
-            count = int(counter.read() or 0)
-            if count <= 0:
-                return
-            counter.seek(0)
-            counter.write(str(count - 1))
-            counter.truncate()
-        os._exit(1)
+    def searched(self, searcher: ShardSearcher, method: str, shard_args: tuple, args: tuple, kwargs: dict):
+        """One shard's part of :meth:`call`."""
+        return getattr(searcher, method)(*shard_args, *args, **kwargs)
 
 
 class RayIndex:
@@ -87,7 +70,7 @@ class RayIndex:
     """
 
     def __init__(self, index, *, num_actors: Optional[int] = None, address: Optional[str] = None, num_cpus: float = 1,
-                 retries: int = 2, fault_file: Optional[str] = None):
+                 retries: int = 2, actor_class: type = ShardActor):
         """
         Args:
             index: The :class:`MultiVectorIndex` or :class:`ShardedMultiVectorIndex`. This process opens it (to check
@@ -100,7 +83,8 @@ class RayIndex:
                 as the retriever would in this process (its ``threads``, by default torch's count here), since
                 the CPU's matrix products round by how they split the work: so the scores are the same bit for bit.
             retries: How often an actor's part of a batch is sent again after the actor died.
-            fault_file: A test hook (see :class:`ShardActor`).
+            actor_class: What each actor is: :class:`ShardActor` or a subclass of it (one that logs, or injects
+                faults).
 
         Raises:
             ValueError: If ``num_actors`` is not between 1 and the number of shards.
@@ -125,9 +109,11 @@ class RayIndex:
         self.groups = [group.tolist() for group in np.array_split(np.arange(len(shards)), num_actors)]
         if not ray.is_initialized():
             ray.init(address=address)
-        actor = ray.remote(ShardActor).options(num_cpus=num_cpus, max_restarts=-1)
+        if not (isinstance(actor_class, type) and issubclass(actor_class, ShardActor)):
+            raise TypeError(f'actor_class must be ShardActor or a subclass of it, got {actor_class!r}')
+        actor = ray.remote(actor_class).options(num_cpus=num_cpus, max_restarts=-1)
         self.actors = [actor.remote([(type(shards[i]), str(shards[i].path), shards[i].payload()[0]['build_id'],
-                                      self.firsts[i]) for i in group], fault_file) for group in self.groups]
+                                      self.firsts[i]) for i in group]) for group in self.groups]
         self.pids = ray.get([a.ready.remote() for a in self.actors])
         self.docnos = _RemoteDocnos(self)
 
