@@ -18,16 +18,18 @@ import pyterrier_alpha as pta
 from pyterrier_multiquery._files import building, exclusive_lock, file_sha256
 from pyterrier_multiquery._transformer import DerivedIdentity
 from pyterrier_multiquery.index.errors import CorruptIndexError, IndexReplacedError
+from pyterrier_multiquery.index.searches import Searches
 
 _DTYPES = {'float32': ('vecs.f4', np.float32), 'float16': ('vecs.f2', np.float16)}
 _CHECKED_AT_OPEN = ('offsets.i8', 'docnos.npids')  # the vectors are checked by verify(): it reads the whole corpus
 T = TypeVar('T')
 
 
-class SearchableIndex(DerivedIdentity):
+class SearchableIndex(Searches, DerivedIdentity):
     """The factory of searches over an index whose ``payload()`` gives ``(meta, vectors, offsets, docnos)`` and whose
-    ``shards()`` gives the MultiVectorIndexes holding its documents, as pyterrier_dr's FlexIndex: ``retriever()``,
-    ``scorer()``, ``docnos()`` and ``get_corpus_iter()``. Two indexes of one class at one path are equal."""
+    ``shards()`` gives the MultiVectorIndexes holding its documents, as pyterrier_dr's FlexIndex: the searches of
+    :class:`~.searches.Searches` (``retriever()``, ``scorer()``, ...), ``docnos()`` and ``get_corpus_iter()``. Two
+    indexes of one class at one path are equal."""
 
     def __len__(self):
         return self.payload()[0]['doc_count']
@@ -35,21 +37,6 @@ class SearchableIndex(DerivedIdentity):
     def built(self) -> bool:
         """Whether a finished index is at ``path``."""
         return (self.path / 'pt_meta.json').exists()
-
-    def retriever(self, *, exact: bool = True, **kwargs) -> pt.Transformer:
-        """MaxSim retrieval of ``query_embs``, exact or over ANN candidates (arguments as
-        :class:`~.maxsim.MaxSimRetriever`)."""
-        from pyterrier_multiquery.index.maxsim import MaxSimRetriever
-        return MaxSimRetriever(self, exact=exact, **kwargs)
-
-    #: :meth:`retriever` under the name the experiments and notebooks use.
-    maxsim_retriever = retriever
-
-    def scorer(self, **kwargs) -> pt.Transformer:
-        """Exact MaxSim re-scoring of a result frame with ``query_embs`` (arguments as
-        :class:`~.maxsim.MaxSimScorer`)."""
-        from pyterrier_multiquery.index.maxsim import MaxSimScorer
-        return MaxSimScorer(self, **kwargs)
 
     def docnos(self):
         """The docno lookup of the documents in index order: ``docnos().fwd[i]`` is the docno of document ``i``,
@@ -69,17 +56,6 @@ class SearchableIndex(DerivedIdentity):
             documents = pt.tqdm(documents, desc=f'{self!r} corpus', unit='doc')
         for i in documents:
             yield {'docno': docnos.fwd[i], 'doc_embs': np.asarray(vectors[offsets[i]:offsets[i + 1]], dtype=np.float32)}
-
-    def mean_retriever(self, **kwargs) -> pt.Transformer:
-        """Retrieval by mean vectors (arguments as :class:`~.mean.MeanRetriever`)."""
-        from pyterrier_multiquery.index.mean import MeanRetriever
-        return MeanRetriever(self, **kwargs)
-
-    def multiquery_retriever(self, merge: str = 'round_robin', **kwargs) -> pt.Transformer:
-        """Each query vector searches on its own; lists merged (arguments as
-        :class:`~.multiquery.MultiQueryRetriever`)."""
-        from pyterrier_multiquery.index.multiquery import MultiQueryRetriever
-        return MultiQueryRetriever(self, merge=merge, **kwargs)
 
     def searchers(self):
         """The shards' searchers in this process (:class:`~.shardwise.LocalShards`), kept while the index is

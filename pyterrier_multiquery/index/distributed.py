@@ -10,6 +10,7 @@ import pyterrier as pt
 from pyterrier_multiquery._device import cpu_threads
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.index.errors import CorruptIndexError, ShardUnavailableError
+from pyterrier_multiquery.index.searches import Searches
 from pyterrier_multiquery.index.shardwise import ShardSearcher
 
 with requires('ray'):
@@ -56,7 +57,7 @@ class ShardActor:
         return getattr(searcher, method)(*shard_args, *args, **kwargs)
 
 
-class RayIndex:
+class RayIndex(Searches):
     """A :class:`MultiVectorIndex` or :class:`ShardedMultiVectorIndex` searched by Ray actors.
 
     Each actor holds a group of consecutive shards, memory-mapped on its node; a query batch fans out to all of
@@ -116,29 +117,6 @@ class RayIndex:
                                       self.firsts[i]) for i in group]) for group in self.groups]
         self.pids = ray.get([a.ready.remote() for a in self.actors])
         self.docnos = _RemoteDocnos(self)
-
-    def retriever(self, *, exact: bool = True, **kwargs) -> pt.Transformer:
-        """MaxSim retrieval, exact or over ANN candidates (as the index's)."""
-        from pyterrier_multiquery.index.maxsim import MaxSimRetriever
-        return MaxSimRetriever(self, exact=exact, **kwargs)
-
-    #: :meth:`retriever` under the index's second name.
-    maxsim_retriever = retriever
-
-    def scorer(self, **kwargs) -> pt.Transformer:
-        """Exact MaxSim re-scoring of a result frame (as the index's)."""
-        from pyterrier_multiquery.index.maxsim import MaxSimScorer
-        return MaxSimScorer(self, **kwargs)
-
-    def mean_retriever(self, **kwargs) -> pt.Transformer:
-        """Retrieval by mean vectors (as the index's)."""
-        from pyterrier_multiquery.index.mean import MeanRetriever
-        return MeanRetriever(self, **kwargs)
-
-    def multiquery_retriever(self, merge: str = 'round_robin', **kwargs) -> pt.Transformer:
-        """Each query vector searches on its own; lists merged (as the index's)."""
-        from pyterrier_multiquery.index.multiquery import MultiQueryRetriever
-        return MultiQueryRetriever(self, merge=merge, **kwargs)
 
     def payload(self):
         """The index's ``(meta, vectors, offsets, docnos)`` in this process (as :meth:`MultiVectorIndex.payload`)."""
