@@ -51,7 +51,7 @@ def ids_of(tokenizer, text):
 
 
 def test_mask_positions_plain_layout(encoder, tokenizer):
-    input_ids, _, positions, _ = encoder.batch(['cats'], 2, 'query')
+    input_ids, _, positions, _, _ = encoder.batch(['cats'], 2, 'query')
     ids = input_ids[0].tolist()
     pos = positions[0].tolist()
     assert [ids[p] for p in pos] == [tokenizer.mask_token_id] * 2
@@ -66,7 +66,7 @@ def test_mask_positions_chat_layout(tokenizer):
     tok.chat_template, tok.eos_token = CHAT, '[SEP]'
     try:
         enc = DiffRetriever(MaskedBackbone(tiny_bert(tok), tok, 'lm'), k_query=1, k_doc=1, device='cpu')
-        input_ids, _, positions, _ = enc.batch(['heart disease'], 1, 'doc')
+        input_ids, _, positions, _, _ = enc.batch(['heart disease'], 1, 'doc')
         ids, (pos,) = input_ids[0].tolist(), positions[0].tolist()
         assert ids[pos] == tok.mask_token_id
         im_end, im_start = tok.convert_tokens_to_ids(['<|im_end|>', '<|im_start|>'])
@@ -168,7 +168,8 @@ def test_diffembed_is_one_mean_pooled_vector_and_dense_only(encoder, tokenizer):
 
 
 def test_reprs_and_equality(encoder):
-    assert repr(encoder) == 'DiffRetriever(BertForMaskedLM, k_query=2, k_doc=3, steps=1, max_length=256)'
+    assert repr(encoder) == ("DiffRetriever(BertForMaskedLM, k_query=2, k_doc=3, steps=1, max_length=256, "
+                             "vectors='masks')")
     assert repr(encoder.doc_encoder()) == f'{encoder!r}.doc_encoder()'
     assert encoder.with_k() == encoder and encoder.with_k(k_doc=1) != encoder
     assert encoder.with_k().query_encoder() == encoder.query_encoder()
@@ -177,7 +178,7 @@ def test_reprs_and_equality(encoder):
 
 def test_iterative_unmasking_matches_manual(encoder, tokenizer):
     enc = DiffRetriever(encoder.backbone, k_query=2, k_doc=2, steps=2, device='cpu')
-    input_ids, attention, positions, _ = enc.batch(['cats and dogs'], 2, 'query')
+    input_ids, attention, positions, _, _ = enc.batch(['cats and dogs'], 2, 'query')
     with torch.no_grad():
         hidden, logits = enc.represent(input_ids, attention, positions)
         first = encoder.backbone.model(input_ids=input_ids, attention_mask=attention).logits[0, positions[0]]
@@ -197,6 +198,8 @@ def test_tied_head_for_encoder_only_checkpoint(tokenizer, tmp_path):
     tokenizer.save_pretrained(tmp_path / 'enc')
     enc = DiffRetriever.from_pretrained(str(tmp_path / 'enc'), k_query=1, k_doc=1, device='cpu')
     assert enc.backbone.head == 'tied'
+    assert enc.vectors == 'tokens'  # untrained mask positions are not read zero-shot by default
+    assert DiffRetriever.from_pretrained(str(tmp_path / 'enc'), vectors='masks', device='cpu').vectors == 'masks'
     ids = torch.tensor([ids_of(tokenizer, 'cats')])
     hidden, logits = enc.backbone.forward(ids, torch.ones_like(ids))
     torch.testing.assert_close(logits, hidden @ enc.backbone.model.embeddings.word_embeddings.weight.T)
@@ -329,3 +332,33 @@ def test_diffretriever_modes(encoder, tmp_path):
     assert runs['hybrid']['score'].max() <= 1. + 1e-9
     with pytest.raises(ValueError, match="mode must be"):
         diffretriever(_Corpus(), tmp_path / 'cache', tmp_path / 'model', mode='colbert')
+
+
+def test_token_vectors_are_the_text_tokens_states_of_the_same_pass(encoder, tokenizer):
+    tokens = DiffRetriever(encoder.backbone, k_query=2, k_doc=3, vectors='tokens', device='cpu')
+    assert repr(tokens).endswith("vectors='tokens')")
+    docs = pd.DataFrame({'docno': ['a', 'b'], 'text': ['cats and dogs', '']})
+    out = tokens.doc_encoder()(docs)
+    masks = encoder.doc_encoder()(docs)
+    input_ids, attention, positions, _, spans = encoder.batch(['cats and dogs', ''], 3, 'doc')
+    text = ids_of(tokenizer, 'cats and dogs')
+    start, end = spans[0]
+    assert input_ids[0, start:end].tolist() == text and spans[1][0] == spans[1][1]
+    with torch.no_grad():
+        states = encoder.backbone.model(input_ids=input_ids, attention_mask=attention,
+                                        output_hidden_states=True).hidden_states[-1]
+    expected = torch.nn.functional.normalize(states[0, start:end], dim=-1).numpy()
+    np.testing.assert_allclose(out['doc_embs'][0], expected, atol=1e-5)  # one vector per text token
+    np.testing.assert_allclose(out['doc_embs'][1], masks['doc_embs'][1], atol=1e-6)  # no tokens: the masks' states
+    assert out['toks'].tolist() == masks['toks'].tolist()  # the sparse side reads the masks either way
+    with pytest.raises(ValueError, match="vectors must be one of \\('masks', 'tokens'\\), got 'cls'"):
+        DiffRetriever(encoder.backbone, vectors='cls')
+    with pytest.raises(ValueError, match="contrastive_train trains the mask positions' vectors"):
+        contrastive_train(tokens, [('cats', 'cats and dogs', 'heart disease')])
+
+
+def test_token_vectors_are_saved_with_the_model(encoder, tmp_path):
+    tokens = DiffRetriever(encoder.backbone, vectors='tokens', device='cpu')
+    tokens.save_pretrained(tmp_path / 'model')
+    assert DiffRetriever.from_pretrained(tmp_path / 'model', device='cpu').vectors == 'tokens'
+    assert DiffRetriever.from_pretrained(tmp_path / 'model', vectors='masks', device='cpu').vectors == 'masks'

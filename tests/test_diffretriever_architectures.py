@@ -100,7 +100,7 @@ def load(path, **kwargs):
 def manual(enc, text, k, side):
     """Hidden states and logits at the mask positions of one unpadded row, by calling the model by hand: the whole
     row for a masked LM; the prompt before the first mask and the canvas from it on for DiffusionGemma."""
-    input_ids, _, positions, _ = enc.batch([text], k, side)
+    input_ids, _, positions, _, _ = enc.batch([text], k, side)
     ids, pos = input_ids[0], positions[0]
     with torch.no_grad():
         if enc.backbone.canvas:
@@ -120,19 +120,19 @@ def test_loads_with_its_vocabulary_head_and_mask_token(arch):
     tok = enc.backbone.tokenizer
     assert type(enc.backbone.model).__name__ == cls and enc.backbone.head == 'lm' and enc.backbone.canvas is canvas
     assert enc.backbone.mask_token_id == tok.mask_token_id == tok.convert_tokens_to_ids(tok.mask_token)
-    assert repr(enc) == f'DiffRetriever({cls}, k_query=2, k_doc=3, steps=1, max_length=256)'
+    assert repr(enc) == f"DiffRetriever({cls}, k_query=2, k_doc=3, steps=1, max_length=256, vectors='masks')"
 
 
 def test_layouts(modernbert, diffusion_gemma):
     bert = load(modernbert)
     tok = bert.backbone.tokenizer
-    ids, _, pos, _ = bert.batch(['cats'], 2, 'query')
+    ids, _, pos, _, _ = bert.batch(['cats'], 2, 'query')
     ids, pos = ids[0].tolist(), pos[0].tolist()
     assert ids[0] == tok.cls_token_id and [ids[p] for p in pos] == [tok.mask_token_id] * 2
     assert ids[pos[-1] + 1:] == tok('"', add_special_tokens=False)['input_ids'] + [tok.sep_token_id]
     gemma = load(diffusion_gemma)
     tok = gemma.backbone.tokenizer
-    ids, _, pos, _ = gemma.batch(['cats'], 1, 'doc')
+    ids, _, pos, _, _ = gemma.batch(['cats'], 1, 'doc')
     ids, (pos,) = ids[0].tolist(), pos[0].tolist()
     assert ids[:2] == [tok.bos_token_id, tok.convert_tokens_to_ids('<start_of_turn>')] and ids[pos] == 4
     # the canvas closes as the chat template closes an assistant turn: quote, <end_of_turn>, <eos>
@@ -191,7 +191,7 @@ def test_padding_does_not_change_the_representations(arch):
 
 def test_bidirectional_a_later_token_changes_the_mask_states(arch):
     enc = load(arch[1])
-    input_ids, attention, positions, _ = enc.batch(['cats and dogs'], 2, 'query')
+    input_ids, attention, positions, _, _ = enc.batch(['cats and dogs'], 2, 'query')
     after = int(positions[0, -1]) + 1  # the closing quote, after the last mask position
     changed = input_ids.clone()
     changed[0, after] = enc.backbone.tokenizer.convert_tokens_to_ids('protein' if arch[0] == 'modernbert'

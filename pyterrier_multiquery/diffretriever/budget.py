@@ -67,7 +67,7 @@ def query_features(encoder, topics: pd.DataFrame) -> pd.DataFrame:
     with torch.no_grad():
         for start in range(0, len(topics), encoder.batch_size):
             part = topics.iloc[start:start + encoder.batch_size]
-            input_ids, attention, positions, _ = encoder.batch(part['query'].tolist(), encoder.k_query, 'query')
+            input_ids, attention, positions, _, _ = encoder.batch(part['query'].tolist(), encoder.k_query, 'query')
             _, logits = encoder.represent(input_ids, attention, positions)
             for qid, query, entropy in zip(part['qid'], part['query'], token_entropy(logits)):
                 rows.append({'qid': str(qid), 'length': len(tok(query, add_special_tokens=False)['input_ids']),

@@ -12,6 +12,8 @@ from pyterrier_multiquery.diffretriever.sparse import content_token_ids, sparse_
 from pyterrier_multiquery.multivector_encoder import Encoded, MultiVectorEncoder
 
 CONFIG_NAME = 'diffretriever.json'
+#: What the dense vectors are: the mask positions' states, or the text tokens' (:class:`DiffRetriever`'s ``vectors``).
+VECTORS = ('masks', 'tokens')
 #: Parts of the names of model classes with a vocabulary head: ``...ForMaskedLM``, ``...ForCausalLM``, LLaDA's
 #: ``LLaDAModelLM``, DiffusionGemma's ``...ForBlockDiffusion``.
 VOCAB_HEADS = ('LM', 'ForBlockDiffusion')
@@ -79,18 +81,22 @@ class MaskedBackbone:
         """``(hidden, logits)`` of the last layer at every position, each ``(B, L, ·)`` (one-sequence backbones)."""
         if self.canvas:
             raise ValueError(f'{type(self.model).__name__} reads a prompt and a canvas: use read() at positions')
-        return self._outputs(None, input_ids=input_ids, attention_mask=attention_mask)
+        return self._outputs(None, False, input_ids=input_ids, attention_mask=attention_mask)
 
-    def read(self, input_ids, attention_mask, positions):
+    def read(self, input_ids, attention_mask, positions, *, every_state: bool = False):
         """``(hidden (B, k, d), logits (B, k, V))`` at ``positions`` ``(B, k)`` of the right-padded rows, in one
-        forward pass."""
+        forward pass; with ``every_state``, ``hidden`` is that of every position, ``(B, L, d)`` (one-sequence
+        backbones)."""
         with requires('dense'):
             import torch
         rows = torch.arange(len(input_ids), device=input_ids.device)[:, None]
         if not self.canvas:
-            return self._outputs((rows, positions), input_ids=input_ids, attention_mask=attention_mask)
+            return self._outputs((rows, positions), every_state, input_ids=input_ids, attention_mask=attention_mask)
+        if every_state:
+            raise ValueError(f'{type(self.model).__name__} reads a prompt and a canvas: its text tokens have no '
+                             "states beside the masks' (use vectors='masks')")
         start = positions[:, :1]
-        return self._outputs((rows, positions - start), **self._split(input_ids, attention_mask, start))
+        return self._outputs((rows, positions - start), False, **self._split(input_ids, attention_mask, start))
 
     def _split(self, input_ids, attention_mask, start):
         """The model inputs of rows split at ``start`` ``(B, 1)``: the prompt left-padded (as the model generates),
@@ -108,23 +114,25 @@ class MaskedBackbone:
         return {'input_ids': prompt, 'attention_mask': prompt_mask.long(), 'decoder_input_ids': canvas,
                 'decoder_attention_mask': torch.cat([prompt_mask, canvas_mask], 1)}
 
-    def _outputs(self, at, **inputs):
+    def _outputs(self, at, every_state: bool, **inputs):
         """``(hidden, logits)`` of the last layer at the positions ``at`` (``(rows, columns)`` index tensors; None:
-        every position): a tied head multiplies only those hidden states by the vocabulary."""
+        every position), ``hidden`` at every position with ``every_state``: a tied head multiplies only the states
+        at ``at`` by the vocabulary."""
         out = self.model(**inputs, output_hidden_states=True)
-        hidden = out.hidden_states[-1] if at is None else out.hidden_states[-1][at]
+        states = out.hidden_states[-1]
+        hidden = states if at is None else states[at]
         if self.head == 'tied':
-            return hidden, hidden @ self.model.get_input_embeddings().weight.T
-        return hidden, out.logits if at is None else out.logits[at]
+            logits = hidden @ self.model.get_input_embeddings().weight.T
+        else:
+            logits = out.logits if at is None else out.logits[at]
+        return (states if every_state else hidden), logits
 
 
 def mask_representations(tokenizer, hidden, logits, content: List[List[int]]) -> Encoded:
     """The representations read at the mask (or generated) positions of a batch: ``(B, k, d)`` hidden states as
     L2-normalised float32 ``(k, d)`` arrays, ``(B, k, V)`` logits as ``max_k log(1 + ReLU)`` weights over each
     text's ``content`` token ids."""
-    with requires('dense'):
-        import torch
-    hidden = torch.nn.functional.normalize(hidden.float(), dim=-1).cpu().numpy()
+    hidden = unit_rows(hidden)
     weights = sparse_weights(logits.float()).cpu().numpy()
     return Encoded(list(hidden), [to_toks(tokenizer, w, allowed) for w, allowed in zip(weights, content)])
 
@@ -143,11 +151,11 @@ class DiffRetriever(MultiVectorEncoder, SavedModel):
     """
     ARTIFACT_TYPE = 'diffretriever_model'
     sparse = True
-    settings = ('k_query', 'k_doc', 'steps', 'max_length')
+    settings = ('k_query', 'k_doc', 'steps', 'max_length', 'vectors')
 
     def __init__(self, backbone: MaskedBackbone, *, k_query: int = 4, k_doc: int = 4, steps: int = 1,
-                 max_length: int = 256, batch_size: int = 16, text_field: str = 'text', device: Optional[str] = None,
-                 verbose: bool = False):
+                 max_length: int = 256, vectors: str = 'masks', batch_size: int = 16, text_field: str = 'text',
+                 device: Optional[str] = None, verbose: bool = False):
         """
         Args:
             backbone: The bidirectional model.
@@ -155,6 +163,10 @@ class DiffRetriever(MultiVectorEncoder, SavedModel):
             k_doc: Mask positions (vectors) per document.
             steps: Forward passes (iterative unmasking when more than 1).
             max_length: Text tokens read at most (the prompt comes on top).
+            vectors: The dense vectors: ``'masks'``, the K mask positions' states (the paper), or ``'tokens'``, the
+                states of the text's own tokens in the same pass (one vector per token, ColBERT-style), for
+                backbones whose mask positions were never trained to summarise a text (all-MiniLM-L6-v2 zero-shot:
+                docs/diffretriever.md). The sparse weights come from the masks either way.
             batch_size: Texts per forward pass.
             text_field: The column holding the document text.
             device: Torch device (default: CUDA when available).
@@ -163,9 +175,11 @@ class DiffRetriever(MultiVectorEncoder, SavedModel):
         for name, value in (('k_query', k_query), ('k_doc', k_doc), ('steps', steps)):
             if value < 1:
                 raise ValueError(f'{name} must be at least 1, got {value}')
+        if vectors not in VECTORS:
+            raise ValueError(f'vectors must be one of {VECTORS}, got {vectors!r}')
         self.backbone = backbone
         self.path = SavedModel.NO_PATH
-        self.k_query, self.k_doc, self.steps, self.max_length = k_query, k_doc, steps, max_length
+        self.k_query, self.k_doc, self.steps, self.max_length, self.vectors = k_query, k_doc, steps, max_length, vectors
         super().__init__(batch_size=batch_size, text_field=text_field, verbose=verbose, device=device)
 
     @property
@@ -178,13 +192,21 @@ class DiffRetriever(MultiVectorEncoder, SavedModel):
                         mask_token_id: Optional[int] = None, **kwargs) -> 'DiffRetriever':
         """Loads any bidirectional model with a mask token (masked LMs such as BERT or ModernBERT, DiffusionGemma,
         LLaDA/Dream with ``trust_remote_code``, encoder-only checkpoints with a tied head), or a checkpoint written by
-        :meth:`save_pretrained` (its files checked against its ``pt_meta.json``)."""
+        :meth:`save_pretrained` (its files checked against its ``pt_meta.json``).
+
+        ``vectors`` (in ``kwargs``) defaults to what a saved checkpoint was saved with, else ``'tokens'`` for a tied
+        head (an encoder-only checkpoint such as all-MiniLM-L6-v2, whose mask positions no objective ever trained:
+        read zero-shot they collapse, nDCG@10 0.00 on SciFact) and ``'masks'`` otherwise. Fine-tuning
+        (:func:`~pyterrier_multiquery.diffretriever.training.contrastive_train`) trains the mask positions: load
+        with ``vectors='masks'`` for it."""
         saved = Path(path).is_dir() and check_saved(path, cls, CONFIG_NAME)
         config = read_json(Path(path) / CONFIG_NAME) if saved else {}
         head = head or config.get('head')
         mask_token_id = config.get('mask_token_id') if mask_token_id is None else mask_token_id
         backbone = MaskedBackbone.load(str(path), trust_remote_code=trust_remote_code, head=head,
                                        mask_token_id=mask_token_id)
+        if kwargs.get('vectors') is None:  # saved: as saved; a tied head's mask positions were never trained
+            kwargs['vectors'] = config.get('vectors', 'tokens' if backbone.head == 'tied' else 'masks')
         encoder = cls(backbone, k_query=k_query or config.get('k_query', 4), k_doc=k_doc or config.get('k_doc', 4),
                       **kwargs)
         if saved:
@@ -199,7 +221,7 @@ class DiffRetriever(MultiVectorEncoder, SavedModel):
             model.save_pretrained(tmp)
             self.backbone.tokenizer.save_pretrained(tmp)
             (tmp / CONFIG_NAME).write_text(json.dumps({'k_query': self.k_query, 'k_doc': self.k_doc,
-                                                       'head': self.backbone.head,
+                                                       'vectors': self.vectors, 'head': self.backbone.head,
                                                        'mask_token_id': self.backbone.mask_token_id}))
             write_meta(tmp, type(self))
         self.path = Path(path)
@@ -207,21 +229,24 @@ class DiffRetriever(MultiVectorEncoder, SavedModel):
     def with_k(self, k_query: Optional[int] = None, k_doc: Optional[int] = None) -> 'DiffRetriever':
         """The same backbone with other budgets."""
         return DiffRetriever(self.backbone, k_query=k_query or self.k_query, k_doc=k_doc or self.k_doc,
-                             steps=self.steps, max_length=self.max_length, batch_size=self.batch_size,
+                             steps=self.steps, max_length=self.max_length, vectors=self.vectors,
+                             batch_size=self.batch_size,
                              text_field=self.text_field, device=self.device, verbose=self.verbose)
 
     def batch(self, texts: List[str], k: int, side: str):
-        """Input tensors for ``texts``: ``(input_ids, attention_mask, mask_positions (B, k), content ids per text)``."""
+        """Input tensors for ``texts``: ``(input_ids, attention_mask, mask_positions (B, k), content ids per text,
+        (start, end) of each text's tokens)``."""
         with requires('dense'):
             import torch
         tok = self.backbone.tokenizer
-        rows, positions, content = [], [], []
+        rows, positions, content, spans = [], [], [], []
         for text in texts:
             text_ids = tok(text, add_special_tokens=False, truncation=True, max_length=self.max_length)['input_ids']
-            ids, pos = layout(tok, text_ids, k, side, self.backbone.mask_token_id)
+            ids, pos, start = layout(tok, text_ids, k, side, self.backbone.mask_token_id)
             rows.append(ids)
             positions.append(pos)
             content.append(content_token_ids(tok, text_ids))
+            spans.append((start, start + len(text_ids)))
         width = max(len(r) for r in rows)
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
@@ -230,10 +255,11 @@ class DiffRetriever(MultiVectorEncoder, SavedModel):
             input_ids[i, :len(r)] = torch.tensor(r)
             attention[i, :len(r)] = 1
         positions = torch.tensor(positions, device=self.device)
-        return input_ids.to(self.device), attention.to(self.device), positions, content
+        return input_ids.to(self.device), attention.to(self.device), positions, content, spans
 
-    def represent(self, input_ids, attention_mask, positions):
-        """Hidden states ``(B, k, d)`` and logits ``(B, k, V)`` at the mask positions, after ``steps`` passes."""
+    def represent(self, input_ids, attention_mask, positions, *, every_state: bool = False):
+        """Hidden states ``(B, k, d)`` and logits ``(B, k, V)`` at the mask positions, after ``steps`` passes (with
+        ``every_state``, the hidden states of every position, ``(B, L, d)``, from the last pass)."""
         with requires('dense'):
             import torch
         input_ids = input_ids.clone()
@@ -242,8 +268,9 @@ class DiffRetriever(MultiVectorEncoder, SavedModel):
         per_step = -(-k // self.steps)
         masked = torch.ones_like(positions, dtype=torch.bool)
         for step in range(self.steps):
-            hidden, logits = self.backbone.read(input_ids, attention_mask, positions)
-            if step == self.steps - 1:
+            last = step == self.steps - 1
+            hidden, logits = self.backbone.read(input_ids, attention_mask, positions, every_state=every_state and last)
+            if last:
                 return hidden, logits
             confidence, tokens = logits.softmax(-1).max(-1)
             confidence = confidence.masked_fill(~masked, -1.)
@@ -259,6 +286,22 @@ class DiffRetriever(MultiVectorEncoder, SavedModel):
         return self._encode_batch(texts, self.k_doc, 'doc')
 
     def _encode_batch(self, texts: List[str], k: int, side: str) -> Encoded:
-        input_ids, attention, positions, content = self.batch(texts, k, side)
-        hidden, logits = self.represent(input_ids, attention, positions)
-        return mask_representations(self.backbone.tokenizer, hidden, logits, content)
+        input_ids, attention, positions, content, spans = self.batch(texts, k, side)
+        if self.vectors == 'masks':
+            hidden, logits = self.represent(input_ids, attention, positions)
+            return mask_representations(self.backbone.tokenizer, hidden, logits, content)
+        with requires('dense'):
+            import torch
+        states, logits = self.represent(input_ids, attention, positions, every_state=True)
+        rows = torch.arange(len(states), device=states.device)[:, None]
+        encoded = mask_representations(self.backbone.tokenizer, states[rows, positions], logits, content)
+        embs = [unit_rows(states[i, start:end]) if end > start else masks  # a text of no tokens: its masks' states
+                for i, ((start, end), masks) in enumerate(zip(spans, encoded.embs))]
+        return encoded._replace(embs=embs)
+
+
+def unit_rows(hidden):
+    """``(..., d)`` hidden states as L2-normalised float32 numpy rows."""
+    with requires('dense'):
+        import torch
+    return torch.nn.functional.normalize(hidden.float(), dim=-1).cpu().numpy()

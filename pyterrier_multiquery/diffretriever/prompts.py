@@ -28,6 +28,12 @@ def instruction(k: int, side: str) -> Tuple[str, str, str]:
 def prompt_ids(tokenizer, text_ids: List[int], k: int, side: str) -> List[int]:
     """Token ids of the instruction around ``text_ids`` followed by the assistant prefix, as the user turn of the
     tokenizer's chat template when it has one (no special tokens otherwise)."""
+    before, after = prompt_parts(tokenizer, k, side)
+    return before + text_ids + after
+
+
+def prompt_parts(tokenizer, k: int, side: str) -> Tuple[List[int], List[int]]:
+    """The token ids :func:`prompt_ids` puts before and after the text."""
     before, after, prefix = instruction(k, side)
 
     def encode(s: str) -> List[int]:
@@ -38,25 +44,27 @@ def prompt_ids(tokenizer, text_ids: List[int], k: int, side: str) -> List[int]:
         rendered = tokenizer.apply_chat_template([{'role': 'user', 'content': before + marker + after}],
                                                  tokenize=False, add_generation_prompt=True)
         head, tail = rendered.split(marker)
-        return encode(head) + text_ids + encode(tail + prefix)
-    return encode(before) + text_ids + encode(after + ' ' + prefix)
+        return encode(head), encode(tail + prefix)
+    return encode(before), encode(after + ' ' + prefix)
 
 
-def layout(tokenizer, text_ids: List[int], k: int, side: str, mask_id: int) -> Tuple[List[int], List[int]]:
-    """Token ids of the prompt around ``text_ids`` with ``k`` mask positions, and the indexes of those positions.
+def layout(tokenizer, text_ids: List[int], k: int, side: str, mask_id: int) -> Tuple[List[int], List[int], int]:
+    """Token ids of the prompt around ``text_ids`` with ``k`` mask positions, the indexes of those positions, and
+    the index of the text's first token.
 
     With a chat template (LLaDA, Dream, DiffusionGemma, any instruct model) the instruction is the user turn and the
     masks follow the assistant prefix, closed by the quote and by what the template ends an assistant turn with
     (and EOS). Without one (BERT-like masked LMs, ModernBERT) the layout is the tokenizer's own specials around
     ``instruction assistant_prefix <mask>*k "`` (``[CLS] ... [SEP]`` for BERT).
     """
-    ids = prompt_ids(tokenizer, text_ids, k, side)
+    before, after = prompt_parts(tokenizer, k, side)
+    ids = before + text_ids + after
     quote = tokenizer('"', add_special_tokens=False)['input_ids']
     if getattr(tokenizer, 'chat_template', None):
-        return ids + [mask_id] * k + quote + _turn_end(tokenizer), list(range(len(ids), len(ids) + k))
+        return ids + [mask_id] * k + quote + _turn_end(tokenizer), list(range(len(ids), len(ids) + k)), len(before)
     head, tail = _specials(tokenizer)
     start = len(head) + len(ids)
-    return head + ids + [mask_id] * k + quote + tail, list(range(start, start + k))
+    return head + ids + [mask_id] * k + quote + tail, list(range(start, start + k)), len(head) + len(before)
 
 
 def _specials(tokenizer) -> Tuple[List[int], List[int]]:

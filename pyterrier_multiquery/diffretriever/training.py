@@ -81,7 +81,7 @@ def query_losses(encoder, triples: Sequence[Tuple[str, str, str]], share: Share,
 def _forward(encoder, texts, k, side):
     with requires('dense'):
         import torch
-    input_ids, attention, positions, content = encoder.batch(texts, k, side)
+    input_ids, attention, positions, content, _ = encoder.batch(texts, k, side)
     hidden, logits = encoder.represent(input_ids, attention, positions)
     return torch.nn.functional.normalize(hidden, dim=-1), logits, content
 
@@ -103,6 +103,9 @@ def contrastive_train(encoder, triples: Sequence[Tuple[str, str, str]], *, mode:
     from pyterrier_multiquery.training.distributed import DataParallel
     if not triples:
         raise ValueError('contrastive_train needs at least one (query, positive, negative) triple')
+    if getattr(encoder, 'vectors', 'masks') != 'masks':
+        raise ValueError("contrastive_train trains the mask positions' vectors: fine-tune a DiffRetriever with "
+                         f"vectors='masks' (this one reads vectors={encoder.vectors!r})")
     if lora:
         add_lora(encoder.backbone)
     model = encoder.backbone.model
