@@ -71,7 +71,8 @@ def latency(path: str, topics: pd.DataFrame, k: int, repeats: int) -> dict:
                                           num_attention_heads=config.num_attention_heads,
                                           num_key_value_heads=config.num_attention_heads,
                                           intermediate_size=config.intermediate_size))
-    encoders = {'DiffRetriever': DiffRetriever.from_pretrained(path, k_query=k, k_doc=k, batch_size=1, device='cpu')}
+    encoders = {'DiffRetriever': DiffRetriever.from_pretrained(path, k_query=k, k_doc=k, vectors='masks', batch_size=1,
+                                                              device='cpu')}
     with tempfile.TemporaryDirectory() as tmp:
         causal.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(path).save_pretrained(tmp)
