@@ -86,7 +86,7 @@ def train(trainer: str, bert: Path, out: Path, float64: bool = False) -> dict:
         weights = {k: v for k, v in model.state_dict().items() if not k.startswith('passages.')}
     elif trainer == 'contrastive_train':
         from pyterrier_multiquery.diffretriever import DiffRetriever, contrastive_train
-        encoder = DiffRetriever.from_pretrained(str(bert), k_query=2, k_doc=2, device='cpu')
+        encoder = DiffRetriever.from_pretrained(str(bert), k_query=2, k_doc=2, vectors='masks', device='cpu')
         encoder.backbone.model.to(torch.float64 if float64 else torch.float32)
         triples = list(zip(texts(16, 3, 1), texts(16, 6, 2), texts(16, 6, 3)))
         contrastive_train(encoder, triples, lora=False, epochs=2, batch_size=8, lr=1e-3)

@@ -65,7 +65,7 @@ def make(kind: str, tiny_bert: Path):
                 return m(memory, torch.tensor([[1]]), ranks=torch.tensor([[0, 1, 2]])).numpy()
         return model, scores
     from pyterrier_multiquery.diffretriever import DiffRetriever
-    encoder = DiffRetriever.from_pretrained(str(tiny_bert), k_query=2, k_doc=3, device='cpu')
+    encoder = DiffRetriever.from_pretrained(str(tiny_bert), k_query=2, k_doc=3, vectors='masks', device='cpu')
     randomised(encoder.backbone.model)
     return encoder, lambda m: np.stack(m.encode_queries(['heart disease protein', 'cats']).embs)
 
