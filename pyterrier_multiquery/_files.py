@@ -226,11 +226,11 @@ def record_bytes(value) -> bytes:
     return b's' + _framed(f'{type(value).__name__}:{value!r}'.encode())
 
 
-def encoder_digest(encoder) -> str:
-    """The SHA-256 of an encoder: its repr and every tensor of its torch module (``module`` of a
+def encoder_digest(encoder, *, name: Optional[str] = None) -> str:
+    """The SHA-256 of an encoder: ``name`` (default: its repr) and every tensor of its torch module (``module`` of a
     :class:`~pyterrier_multiquery.multivector_encoder.MultiVectorEncoder`, ``model`` of a pyterrier_dr encoder), so
     that weights changed in place at the same path give another digest."""
-    digest = hashlib.sha256(repr(encoder).encode())
+    digest = hashlib.sha256((repr(encoder) if name is None else name).encode())
     module = getattr(encoder, 'module', None) or getattr(encoder, 'model', None)
     if hasattr(module, 'state_dict'):
         for name, tensor in module.state_dict().items():

@@ -42,6 +42,8 @@ class MultiVectorEncoder(pt.Transformer):
     sparse: bool = False
     #: Attributes, besides the model, that define the encoder (shown by ``repr``, compared by ``==``).
     settings: Tuple[str, ...] = ()
+    #: Those of ``settings`` that change only how queries are encoded (left out of :meth:`doc_repr`).
+    query_settings: Tuple[str, ...] = ()
 
     def __init__(self, *, batch_size: int = 16, text_field: str = 'text', verbose: bool = False,
                  device: Optional[str] = None):
@@ -128,7 +130,15 @@ class MultiVectorEncoder(pt.Transformer):
         return hash(self._key())
 
     def __repr__(self):
-        args = [type(self.module).__name__] + [f'{name}={getattr(self, name)!r}' for name in self.settings]
+        return self._repr(self.settings)
+
+    def doc_repr(self) -> str:
+        """The repr without the query-only settings: equal for two encoders that encode documents alike (given
+        equal weights), so that an index of documents can key by it."""
+        return self._repr([name for name in self.settings if name not in self.query_settings])
+
+    def _repr(self, names) -> str:
+        args = [type(self.module).__name__] + [f'{name}={getattr(self, name)!r}' for name in names]
         return f'{type(self).__name__}({", ".join(args)})'
 
 

@@ -169,6 +169,11 @@ def test_multivector_retrievers(tmp_path):
     again = systems.multivector_retrievers(encoder, lambda: documents, tmp_path / 'x', modes=['hybrid'])
     assert scores(again['hybrid'](topics)) == pytest.approx(runs['hybrid'])
     encoder.doc_encoder = encode
+    assert encoder.with_k(k_query=1).doc_repr() == encoder.doc_repr() != encoder.with_k(k_doc=1).doc_repr()
+    other_queries = systems.multivector_retrievers(encoder.with_k(k_query=1), lambda: documents, tmp_path / 'x')
+    assert len(other_queries['dense'](topics)) == 2  # K_query encodes no document: the index is shared
+    with pytest.raises(StaleBuildError, match='other settings'):
+        systems.multivector_retrievers(encoder.with_k(k_doc=1), lambda: documents, tmp_path / 'x')
     with pytest.raises(StaleBuildError, match='other records'):  # another corpus: never the old encodings
         systems.multivector_retrievers(encoder, lambda: documents.head(1), tmp_path / 'x', modes=['hybrid'])
     with torch.no_grad():

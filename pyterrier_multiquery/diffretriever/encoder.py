@@ -152,6 +152,7 @@ class DiffRetriever(MultiVectorEncoder, SavedModel):
     ARTIFACT_TYPE = 'diffretriever_model'
     sparse = True
     settings = ('k_query', 'k_doc', 'steps', 'max_length', 'vectors')
+    query_settings = ('k_query',)
 
     def __init__(self, backbone: MaskedBackbone, *, k_query: int = 4, k_doc: int = 4, steps: int = 1,
                  max_length: int = 256, vectors: str = 'masks', batch_size: int = 16, text_field: str = 'text',

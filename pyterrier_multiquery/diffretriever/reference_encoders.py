@@ -63,6 +63,7 @@ class PromptReps(MultiVectorEncoder):
     """
     sparse = True
     settings = ('n_query', 'n_doc', 'max_length')
+    query_settings = ('n_query',)
 
     def __init__(self, model, tokenizer, *, n_query: int = 4, n_doc: int = 4, max_length: int = 256,
                  batch_size: int = 16, text_field: str = 'text', device: Optional[str] = None, verbose: bool = False):

@@ -475,7 +475,7 @@ def multivector_retrievers(encoder, corpus: Callable[[], pd.DataFrame], path: os
     sparse = any(mode in ('sparse', 'hybrid', 'mean hybrid') for mode in modes)
     documents = functools.lru_cache(maxsize=None)(lambda: pd.DataFrame(corpus()))
     encoded = functools.lru_cache(maxsize=None)(lambda: encoder.doc_encoder()(documents()))  # once for both
-    settings = {'encoder': encoder_digest(encoder)}
+    settings = {'encoder': encoder_digest(encoder, name=encoder.doc_repr())}  # query-only settings do not count
 
     def records(column: str) -> List[Dict]:
         return encoded()[['docno', column]].to_dict(orient='records')

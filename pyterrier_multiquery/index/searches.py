@@ -1,11 +1,9 @@
 """The searches an index offers, declared once: each is a method built from its transformer class, whose signature
-and docstring are that class's arguments, shared by the local, sharded and Ray indexes."""
+and docstring are that class's arguments, shared by the local, sharded and Ray indexes. The classes are imported
+when a method is first looked up (MaxSim's imports torch, which the core install does without)."""
+import importlib
 import inspect
 from typing import Sequence
-
-from pyterrier_multiquery.index.maxsim import MaxSimRetriever, MaxSimScorer
-from pyterrier_multiquery.index.mean import MeanRetriever
-from pyterrier_multiquery.index.multiquery import MultiQueryRetriever
 
 
 def search_method(name: str, cls: type, summary: str, positional: Sequence[str] = ()):
@@ -50,16 +48,39 @@ def _without_index(cls: type) -> str:
     return '\n'.join(kept)
 
 
+class LazySearchMethod:
+    """A :func:`search_method` whose class (``module:name``) is imported when the method is first looked up."""
+
+    def __init__(self, name: str, cls: str, summary: str, positional: Sequence[str] = ()):
+        self.name, self.cls, self.summary, self.positional = name, cls, summary, positional
+        self.method = None
+
+    def __get__(self, obj, owner=None):
+        module, name = self.cls.split(':')
+        method = self.method
+        if method is None:
+            try:
+                method = self.method = search_method(self.name, getattr(importlib.import_module(module), name),
+                                                     self.summary, self.positional)
+            except ModuleNotFoundError:  # an extra is missing: the call names it
+                def method(index, *args, **kwargs):
+                    importlib.import_module(module)
+                method.__name__ = self.name
+        return method if obj is None else method.__get__(obj, owner)
+
+
 class Searches:
     """The search methods of an index (mixed into :class:`~.core.SearchableIndex` and :class:`~.distributed.RayIndex`).
     """
-    retriever = search_method('retriever', MaxSimRetriever,
-                              'MaxSim retrieval of ``query_embs``, exact or over ANN candidates')
+    retriever = LazySearchMethod('retriever', 'pyterrier_multiquery.index.maxsim:MaxSimRetriever',
+                                 'MaxSim retrieval of ``query_embs``, exact or over ANN candidates')
     #: :meth:`retriever` under the name the experiments and notebooks use.
     maxsim_retriever = retriever
-    scorer = search_method('scorer', MaxSimScorer, 'Exact MaxSim re-scoring of a result frame with ``query_embs``')
-    mean_retriever = search_method('mean_retriever', MeanRetriever,
-                                   "Retrieval by the mean of the query vectors and of each document's vectors")
-    multiquery_retriever = search_method('multiquery_retriever', MultiQueryRetriever,
-                                         'Each query vector searches on its own; their lists are merged',
-                                         positional=('merge',))
+    scorer = LazySearchMethod('scorer', 'pyterrier_multiquery.index.maxsim:MaxSimScorer',
+                              'Exact MaxSim re-scoring of a result frame with ``query_embs``')
+    mean_retriever = LazySearchMethod('mean_retriever', 'pyterrier_multiquery.index.mean:MeanRetriever',
+                                      "Retrieval by the mean of the query vectors and of each document's vectors")
+    multiquery_retriever = LazySearchMethod('multiquery_retriever',
+                                            'pyterrier_multiquery.index.multiquery:MultiQueryRetriever',
+                                            'Each query vector searches on its own; their lists are merged',
+                                            positional=('merge',))
