@@ -204,10 +204,10 @@ class DigestingIterable:
 def records_digest(records: Iterable) -> str:
     """The SHA-256 of records (dicts of strings, numbers, arrays, token dicts), in order: equal exactly where every
     field's name, type and value are equal."""
-    digest = hashlib.sha256()
-    for record in records:
-        digest.update(record_bytes(record))
-    return digest.hexdigest()
+    hashed = DigestingIterable(records)
+    for _ in hashed:
+        pass
+    return hashed.hexdigest()
 
 
 def record_bytes(value) -> bytes:
@@ -233,9 +233,9 @@ def encoder_digest(encoder, *, name: Optional[str] = None) -> str:
     digest = hashlib.sha256((repr(encoder) if name is None else name).encode())
     module = getattr(encoder, 'module', None) or getattr(encoder, 'model', None)
     if hasattr(module, 'state_dict'):
-        for name, tensor in module.state_dict().items():
+        for key, tensor in module.state_dict().items():
             data = tensor.detach().cpu().contiguous().flatten()
-            digest.update(_framed(f'{name}:{data.dtype}:{tuple(tensor.shape)}'.encode()))
+            digest.update(_framed(f'{key}:{data.dtype}:{tuple(tensor.shape)}'.encode()))
             digest.update(_framed((data.float() if data.is_floating_point() else data).numpy().tobytes()))
     return digest.hexdigest()
 
