@@ -3,7 +3,9 @@
     python experiments/transfer.py [--folds 5] [--skip-in-domain]
 
 Collections (from the shared data folder): RAMDocs (500 questions, one to three answers), MuSiQue (100 questions,
-each supporting paragraph its own answer) and SciFact's queries with two or more relevant documents (train and test
+each supporting paragraph its own answer), HotpotQA-500 (500 distractor questions, each supporting paragraph its own
+answer; the shared copy keeps 422 questions with an answer in their contexts, and those are scored; never used for
+training or choosing anything) and SciFact's queries with two or more relevant documents (train and test
 qrels together: 100 queries, each relevant document its own answer; never used for training or tuning). First stage:
 all-MiniLM-L6-v2. Trained systems: MiniLM-FT (MiniLM fine-tuned contrastively on the training questions, the fair
 single-vector baseline, on all the training questions), AMER (over MiniLM, lists merged round-robin) and MiniLM >>
@@ -22,8 +24,9 @@ stored scores.
 Out of domain: a model trained on all of a collection's questions, tested on every collection it never saw. In
 domain: 5-fold cross-validation by question (train on four folds, test on the fifth). Each system is compared with
 the first stage and with MiniLM-FT on the same queries: mean difference, 95 % paired-bootstrap interval, p-value.
-The floor: on every collection a model never saw, MRecall@10 at least MiniLM's minus 0.005 and not significantly
-below it (p < 0.05). Writes ``experiments/results/transfer.{md,json,csv,png}``; the per-query scores and chosen
+The floor: on every collection a model never saw, MRecall@10 not significantly below MiniLM's (paired test,
+p < 0.05), and on those of about 500 questions (RAMDocs, HotpotQA-500) also the lower end of the 95 % interval of
+the difference above -0.02. Writes ``experiments/results/transfer.{md,json,csv,png}``; the per-query scores and chosen
 weights of every finished part are stored as it goes (``transfer_perquery.csv``, ``transfer_choices.csv``, and
 which test questions are familiar, ``transfer_familiar.csv``), so a stopped run goes on where it stopped
 (``--restart`` forgets them; ``--report-only`` reports what is stored).
@@ -54,8 +57,11 @@ MEASURES = [MRecall @ 5, MRecall @ 10]
 #: How every model trains: a fixed schedule, a fifth of the training questions held out for the departure weight.
 TRAINING = {'dev_fraction': 0.2, 'choose_epoch': False, 'departure': 'one_se'}
 SOURCES = {'RAMDocs': ('ramdocs',), 'MuSiQue': ('musique',), 'RAMDocs+MuSiQue': ('ramdocs', 'musique')}
-TARGETS = {'ramdocs': 'RAMDocs', 'musique': 'MuSiQue', 'scifact': 'SciFact (2+ relevant)'}
-FLOOR = 0.005
+TARGETS = {'ramdocs': 'RAMDocs', 'musique': 'MuSiQue', 'hotpotqa': 'HotpotQA-500', 'scifact': 'SciFact (2+ relevant)'}
+#: The lowest end of the 95 % interval of ΔMRecall@10 against MiniLM allowed on the collections of :data:`LARGE`.
+FLOOR = -0.02
+#: The collections large enough (about 500 questions) for the interval's part of the floor.
+LARGE = ('RAMDocs', 'HotpotQA-500')
 #: The trained refiners (each also shown as trained, and with the back-off).
 REFINERS = ('AMER', 'MiniLM >> JPR')
 
@@ -135,8 +141,9 @@ def table_rows(scores: pd.DataFrame, source: str, target: str, in_domain: bool) 
             if system not in ('MiniLM', 'MiniLM-FT'):
                 row[f'{measure} p vs MiniLM-FT'] = fine_tuned.loc[(system, measure), 'p_value']
         if not in_domain and system not in ('MiniLM', 'MiniLM-FT'):   # the floor is the refiners'
-            delta, p = row['MRecall@10 Δ vs MiniLM'], row['MRecall@10 p vs MiniLM']
-            row['floor held'] = 'yes' if delta >= -FLOOR and not (delta < 0 and p < 0.05) else 'no'
+            test = first_stage.loc[(system, 'MRecall@10')]
+            below = test['mean_diff'] < 0 and test['p_value'] < 0.05
+            row['floor held'] = 'no' if below or (target in LARGE and test['ci_low'] <= FLOOR) else 'yes'
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -157,7 +164,7 @@ def figure(table: pd.DataFrame):
         ax.set_yticks(range(len(part)), [f'{s} ← {t}' for s, t in zip(part['system'], part['trained on'])],
                       fontsize=7)
         ax.axvline(0, color='black', lw=.8)
-        ax.axvline(-FLOOR, color='red', lw=.8, ls='--')
+        ax.axvline(FLOOR, color='red', lw=.8, ls='--')
         ax.set_title(f'tested on {target}', fontsize=10)
         ax.set_xlabel('ΔMRecall@10 vs MiniLM (95% CI)')
     fig.suptitle('Trained methods against their first stage (blue: in domain, 5-fold CV; orange: never seen)',
@@ -289,6 +296,7 @@ def main():
         loaded = {name: load_dataset(args.data_root / name) for name in TARGETS}
         collections = {'ramdocs': Collection(loaded['ramdocs'], cache),
                        'musique': Collection(loaded['musique'], cache),
+                       'hotpotqa': Collection(loaded['hotpotqa'], cache),
                        'scifact': Collection(loaded['scifact'], cache, *multi_relevant(loaded['scifact']))}
         for source, members in SOURCES.items():   # trained on every question of the source
             train = collections[members[0]] if len(members) == 1 else Collection(
