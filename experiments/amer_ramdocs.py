@@ -5,8 +5,8 @@
 Per fold (split by question, stratified by number of answers): MMR's lambda is chosen on the training questions;
 MiniLM-FT (MiniLM fine-tuned contrastively on them, the fair single-vector baseline) trains on all of them;
 AMER (encoder backbone: N = 2 vectors, the second the MiniLM query vector plus a zero-initialised residual read
-from the frozen encoder) and its linear-residual ablation train on 80 % of the training questions, the epoch and
-the merge (round robin, score sum, RRF) chosen on the other 20 % (epoch 0 = MiniLM itself). Every system is
+from the frozen encoder) and its linear-residual ablation train on 80 % of the training questions, the epoch
+chosen on the other 20 % (epoch 0 = MiniLM itself), the lists merged round-robin. Every system is
 scored on the fold's test questions; the folds' runs are pooled and tested against MiniLM by paired bootstrap,
 on all questions, those with more than one answer, and the third whose answer passages lie furthest apart, and
 the trained systems against MiniLM-FT likewise. Writes ``experiments/results/amer_ramdocs.{md,json,png}``.
@@ -61,8 +61,11 @@ def cross_validate_on(name: str, args) -> dict:
             path = systems.train_amer(first_stage, train_topics, train_qrels, residual=residual, epochs=args.epochs,
                                       num_vectors=args.num_vectors, learning_rate=args.learning_rate, seed=args.seed,
                                       threads=args.threads)
-            training = json.loads((path / systems.AMER_TRAINING).read_text())
-            chosen[system] = {**training['chosen'], 'curve': training['curve'], 'seconds': time.perf_counter() - start}
+            training = json.loads((path / 'training.json').read_text())   # the record saved with the model
+            history = training['history']
+            chosen[system] = {'epoch': history['best_epoch'], 'merge': training['merge'],
+                              'departure': history['departure'], 'curve': history['curve'],
+                              'seconds': time.perf_counter() - start}
             built[system] = systems.amer(first_stage, path, num_results=DEPTH)
         choices.append(chosen)
         return built
@@ -96,14 +99,15 @@ def main():
                             **{f'{s} {k}': c[s][k] for s in RESIDUALS for k in ('epoch', 'merge', 'seconds')}}
                            for c in choices])
     curves = pd.DataFrame([{'dataset': c['dataset'], 'system': s, 'fold': c['fold'], 'epoch': p['epoch'],
-                            'dev': max(p[m] for m in systems.AMER_MERGES)} for c in choices for s in RESIDUALS
+                            'dev': p['dev']} for c in choices for s in RESIDUALS
                            for p in c[s]['curve']])
     write_report(
         args.out, 'AMER over all-MiniLM-L6-v2 against MiniLM (cross-validation)',
         f'{args.folds}-fold cross-validation by question ({"; ".join(r["sizes"] for r in results)}); MiniLM top '
         f'{DEPTH} per system; N = {args.num_vectors}, {args.epochs} epochs at most, lr {args.learning_rate}, frozen '
-        f'encoder, hard negatives = MiniLM\'s top 10 non-relevant passages; epoch and merge chosen on a fifth of each '
-        f'training fold. MiniLM-FT: MiniLM fine-tuned contrastively on the fold\'s training questions (the '
+        f'encoder, hard negatives = MiniLM\'s top 10 non-relevant passages; epoch chosen on a fifth of each '
+        f'training fold, lists merged round-robin. MiniLM-FT: MiniLM fine-tuned contrastively on the fold\'s '
+        f'training questions (the '
         f'single-query baseline of the AMER paper, systems.train_single_vector\'s schedule). p: paired bootstrap '
         f'(10,000 resamples) against MiniLM, and against MiniLM-FT, over the pooled test questions. Took '
         f'{time.perf_counter() - start:.0f}s. Command: `python experiments/amer_ramdocs.py`.',
@@ -117,7 +121,7 @@ def main():
         extra={'settings': {k: str(v) for k, v in vars(args).items() if k not in ('cache_dir', 'data_root')},
                'training': choices},
         figure=line_figure(curves, 'epoch', 'dev', line=['system', 'fold'], panel='dataset',
-                           ylabel='dev (MRecall@5 + MRecall@10) / 2, best merge'))
+                           ylabel='dev (MRecall@5 + MRecall@10) / 2'))
     print(Path(args.out).with_suffix('.md').read_text())
 
 

@@ -51,14 +51,14 @@ def run_task(transformation: str, setting: str, args) -> list:
                                   learning_rate=args.learning_rate, epochs=args.epochs, batch_size=args.batch_size,
                                   seed=args.seed, verbose=True)
             start = time.perf_counter()
-            history = trainer.fit(task.train_queries, list(task.train_targets), task.corpus)
+            history = trainer.fit_vectors(task.train_queries, list(task.train_targets), task.corpus)
             seconds = time.perf_counter() - start
             queries = pd.DataFrame({'qid': [str(i) for i in range(len(task.test_queries))],
                                     'query_embs': list(model.encode(task.test_queries, batch_size=256))})
             run = index.multiquery_retriever(num_results=100)(queries)
             scores = per_query({system: run}, qrels, MEASURES).groupby('measure', sort=False)['value'].mean()
             rows.append({'transformation': transformation, 'setting': setting, 'system': system, **scores,
-                         'final loss': history[-1], 'train seconds': seconds})
+                         'final loss': history.curve[-1]['loss'], 'train seconds': seconds})
             print(rows[-1], flush=True)
     return rows
 

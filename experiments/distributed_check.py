@@ -71,18 +71,22 @@ def train(trainer: str, bert: Path, out: Path, float64: bool = False) -> dict:
                              num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
         model = AMERModel.from_backbone(config, doc_dim=8, num_vectors=2, lora=False)
         task = make_task('multi', 'linear', dim=8, train_size=16, test_size=1, negatives=16, seed=0)
-        AMERTrainer(model, epochs=2, batch_size=8, negatives=8, learning_rate=1e-2, verbose=False).fit(
+        AMERTrainer(model, epochs=2, batch_size=8, negatives=8, learning_rate=1e-2, verbose=False).fit_vectors(
             task.train_queries, list(task.train_targets), task.corpus)
         weights = model.state_dict()
     elif trainer == 'JPRTrainer':
+        import pandas as pd
         from pyterrier_multiquery.jpr import JPRModel, JPRTrainer
-        from pyterrier_multiquery.jpr.training import JPRExample
         model = JPRModel(str(bert), decoder_layers=1, decoder_heads=2, decoder_dropout=0.)
         rng = np.random.default_rng(0)
-        examples = [JPRExample(question, texts(6, 4, i), [{a} if rng.random() < .4 else set() for a in range(6)],
-                               list(range(6))) for i, question in enumerate(texts(16, 3, 100))]
-        JPRTrainer(model, k=3, epochs=2, batch_size=8, train_candidates=4, learning_rate=1e-2,
-                   verbose=False).fit(examples)
+        results, qrels = [], []   # 16 questions of 6 candidates, each supporting its own answer with chance 0.4
+        for i, question in enumerate(texts(16, 3, 100)):
+            for j, text in enumerate(texts(6, 4, i)):
+                results.append({'qid': str(i), 'query': question, 'docno': f'{i}-{j}', 'text': text, 'score': 6. - j})
+                if rng.random() < .4:
+                    qrels.append({'qid': str(i), 'docno': f'{i}-{j}', 'label': 1, 'iteration': str(j)})
+        JPRTrainer(model, num_candidates=6, k=3, epochs=2, batch_size=8, train_candidates=4, learning_rate=1e-2,
+                   verbose=False).fit(pd.DataFrame(results), pd.DataFrame(qrels))
         weights = {k: v for k, v in model.state_dict().items() if not k.startswith('passages.')}
     elif trainer == 'contrastive_train':
         from pyterrier_multiquery.diffretriever import DiffRetriever, contrastive_train

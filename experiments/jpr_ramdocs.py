@@ -63,8 +63,9 @@ def cross_validate_on(name: str, args) -> dict:
             paths[model] = systems.train_jpr(first_stage, dataset, train_topics, train_qrels, state_cache=states,
                                              **settings, **mode)
             seconds[model].append(time.perf_counter() - start)
-            training = json.loads((paths[model] / systems.JPR_TRAINING).read_text())
-            curves.extend({'collection': name, 'fold': fold, 'model': model, **point} for point in training['curve'])
+            training = json.loads((paths[model] / 'training.json').read_text())   # the record saved with the model
+            curves.extend({'collection': name, 'fold': fold, 'model': model, **point}
+                          for point in training['history']['curve'])
         stage = first_stage.retriever(args.candidates)
         return {'MiniLM': stage % args.k, **{
             system: systems.jpr(stage, dataset, paths[model], num_candidates=args.candidates, k=args.k,

@@ -29,7 +29,7 @@ def chosen_weights(cache_dir: Path, seed: int) -> dict:
             key = json.loads(manifest.read_text())['key']
             if key['settings'].get('seed') == seed and key['settings'].get('departure') == 'one_se':
                 training = json.loads((manifest.parent / 'artifact' / record).read_text())
-                chosen[kind.upper()] = training['chosen']['departure'] if kind == 'amer' else training['departure']
+                chosen[kind.upper()] = training['history']['departure']
     return chosen
 
 

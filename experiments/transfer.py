@@ -97,7 +97,7 @@ def trained_systems(collection: Collection, train: Collection, topics, qrels, ar
     from pyterrier_multiquery.jpr import JPRModel
     settings = dict(seed=args.seed, threads=args.threads)
     fine_tuned = systems.train_single_vector(train.first_stage, topics, qrels, **settings)
-    amer = AMERModel.from_pretrained(systems.train_amer(train.first_stage, topics, qrels, merges=('round_robin',),
+    amer = AMERModel.from_pretrained(systems.train_amer(train.first_stage, topics, qrels, merge='round_robin',
                                                         **TRAINING, **settings))
     jpr = JPRModel.from_pretrained(systems.train_jpr(train.first_stage, train.dataset, topics, qrels, **TRAINING,
                                                      **settings))

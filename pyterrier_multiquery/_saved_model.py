@@ -14,6 +14,8 @@ import pyterrier as pt
 from pyterrier_multiquery._files import file_sha256
 
 META_NAME = 'pt_meta.json'
+#: The file of a saved model that holds how it was trained (:attr:`SavedModel.training_record`).
+TRAINING_NAME = 'training.json'
 PathLike = Union[str, Path]
 
 
@@ -27,7 +29,11 @@ class SavedModel(pt.Artifact):
     A subclass sets ``ARTIFACT_TYPE``, implements ``save_pretrained`` (calling :func:`write_meta` last inside its
     temporary folder) and ``from_pretrained`` (calling :func:`check_saved` first). ``path`` is the folder the model
     was last saved to or loaded from (``NO_PATH`` before), which :meth:`to_hf` and :meth:`build_package` package.
+    ``training_record`` is what its trainer recorded (:class:`~pyterrier_multiquery.training.trainer.Trainer`: the
+    history, the settings, the first stage it was trained over and, for AMER, the merge its lists are searched
+    with), saved with the model in ``training.json`` and read back when it loads (None for an untrained model).
     """
+    training_record = None
     ARTIFACT_FORMAT = 'hf'
     ARTIFACT_PACKAGE_HINT = 'pyterrier-multiquery'
 
@@ -67,13 +73,17 @@ class SavedModel(pt.Artifact):
         _check_files(Path(path), meta, cls)
 
 
-def write_meta(folder: Path, cls: type) -> None:
-    """Writes ``pt_meta.json`` into a model folder whose other files are complete.
+def write_meta(folder: Path, model: SavedModel) -> None:
+    """Writes the model's ``training.json`` (where it has a training record) and then ``pt_meta.json`` into a model
+    folder whose other files are complete.
 
     Args:
         folder: The (temporary) folder the model was written to.
-        cls: The :class:`SavedModel` subclass that wrote it.
+        model: The :class:`SavedModel` that wrote it.
     """
+    cls = type(model)
+    if model.training_record is not None:
+        (folder / TRAINING_NAME).write_text(json.dumps(model.training_record, indent=2))
     from pyterrier_multiquery import __version__
     written = [p for p in sorted(folder.rglob('*')) if p.is_file()]
     files = {p.relative_to(folder).as_posix(): p.stat().st_size for p in written}
@@ -81,6 +91,12 @@ def write_meta(folder: Path, cls: type) -> None:
             'package_version': __version__, 'files': files,
             'sha256': {p.relative_to(folder).as_posix(): file_sha256(p) for p in written}}
     (folder / META_NAME).write_text(json.dumps(meta, indent=2))
+
+
+def read_training(path: PathLike) -> Optional[dict]:
+    """The training record saved with the model at ``path`` (``training.json``), or None where it has none."""
+    file = Path(path) / TRAINING_NAME
+    return read_json(file) if file.is_file() else None
 
 
 def read_meta(path: PathLike) -> Optional[dict]:

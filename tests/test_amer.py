@@ -1,6 +1,7 @@
 import numpy as np
 import pandas as pd
 import pytest
+import pyterrier as pt
 
 from pyterrier_multiquery.experiment.amer_task import (
     Transformations,
@@ -162,8 +163,8 @@ def test_tiny_model_fits_a_tiny_synthetic_set():
 
     before = covered()
     history = AMERTrainer(model, learning_rate=2e-3, epochs=300, batch_size=4, negatives=16,
-                          verbose=False).fit(task.train_queries, list(task.train_targets), task.corpus)
-    assert history[-1] < history[0] / 10
+                          verbose=False).fit_vectors(task.train_queries, list(task.train_targets), task.corpus)
+    assert history.curve[-1]['loss'] < history.curve[1]['loss'] / 10 and len(history.losses) == 300
     assert before <= 0.2 and covered() == 1.   # every target is the nearest corpus row of one of the 5 vectors
 
 
@@ -177,7 +178,7 @@ def test_single_query_trains_one_vector_on_one_random_target():
     loss = trainer.loss(task.train_queries, list(task.train_targets), task.corpus, 0.)
     assert loss.ndim == 0 and torch.isfinite(loss)
     with pytest.raises(ValueError, match=r'targets\[0\]'):
-        trainer.fit(task.train_queries, [t[:, :4] for t in task.train_targets], task.corpus)
+        trainer.fit_vectors(task.train_queries, [t[:, :4] for t in task.train_targets], task.corpus)
 
 
 @pytest.mark.parametrize('lora', [True, False])
@@ -188,7 +189,7 @@ def test_save_and_load_round_trip(tiny_llama, tmp_path, lora):
     torch.manual_seed(0)
     model = AMERModel.from_backbone(tiny_llama if lora else tiny_config(), doc_dim=8, num_vectors=2, lora=lora)
     task = make_task('single', 'linear', dim=8, train_size=4, test_size=1, negatives=8, seed=0)
-    AMERTrainer(model, epochs=2, batch_size=4, learning_rate=1e-2, verbose=False).fit(
+    AMERTrainer(model, epochs=2, batch_size=4, learning_rate=1e-2, verbose=False).fit_vectors(
         task.train_queries, list(task.train_targets), task.corpus)
     model.save_pretrained(tmp_path / 'amer')
     loaded = AMERModel.from_pretrained(tmp_path / 'amer')
@@ -341,17 +342,63 @@ def test_encoder_amer_trains_its_later_vectors_and_round_trips(minilm_path, tmp_
     unit = lambda a: (a / np.linalg.norm(a, axis=-1, keepdims=True)).astype(np.float32)  # noqa: E731
     targets = [unit(rng.standard_normal((2, 384))) for _ in QUERIES]
     before = model.encode(QUERIES)
-    losses = AMERTrainer(model, epochs=4, batch_size=3, learning_rate=1e-3, negatives=4, verbose=False).fit(
+    history = AMERTrainer(model, epochs=4, batch_size=3, learning_rate=1e-3, negatives=4, verbose=False).fit_vectors(
         QUERIES, targets, unit(rng.standard_normal((10, 384))),
         hard_negatives=[unit(rng.standard_normal((1, 384)))] * 3)
     after = model.encode(QUERIES)
-    assert losses[-1] < losses[0] and not np.allclose(before[:, 1], after[:, 1], atol=1e-3)
+    assert history.curve[-1]['loss'] < history.curve[1]['loss']
+    assert not np.allclose(before[:, 1], after[:, 1], atol=1e-3)
     model.save_pretrained(tmp_path / 'amer')
     loaded = AMERModel.from_pretrained(tmp_path / 'amer')
     assert type(loaded).__name__ == 'EncoderAMERModel' and loaded.num_vectors == 2
     assert np.allclose(loaded.encode(QUERIES), after, atol=1e-5)
     encoded = AMER(tmp_path / 'amer')(pd.DataFrame({'qid': ['1'], 'query': QUERIES[:1]}))
     assert np.allclose(encoded['query_embs'][0], after[0], atol=1e-5)
+
+
+def test_the_trainer_fits_on_frames_chooses_the_departure_and_saves_its_record(minilm_path, tmp_path):
+    """AMERTrainer.fit on topic frames: the targets are the index's vectors, the validation questions score every
+    epoch and choose the departure, and the saved model keeps the merge, the first stage and the history."""
+    import torch
+
+    from pyterrier_multiquery.amer import AMERTrainer, EncoderAMERModel
+    from pyterrier_multiquery.index import MultiVectorIndex
+    from pyterrier_multiquery.training.departure import DEPARTURE_GRID
+    torch.manual_seed(0)
+    model = EncoderAMERModel.from_encoder(minilm_path, num_vectors=2)
+    texts = ['brazil won the cup', 'france won the cup', 'italy won in spain', 'the year of the cup',
+             'a song about brazil', 'a film about france']
+    vectors = model.encode(texts)[:, 0]   # the first vector is the encoder's own (MiniLM's) vector
+    index = MultiVectorIndex(tmp_path / 'docs.mvi', verbose=False).index(
+        {'docno': f'd{i}', 'doc_vec': v} for i, v in enumerate(vectors))
+    topics = pd.DataFrame({'qid': ['1', '2', '3', '4'], 'query': QUERIES + ['who won the cup twice']})
+    qrels = pd.DataFrame({'qid': ['1', '1', '2', '2', '3', '4', '4'], 'label': 1,
+                          'docno': ['d0', 'd1', 'd1', 'd2', 'd3', 'd0', 'd2'],
+                          'iteration': ['1', '2', '1', '2', '1', '1', '2']})
+    hard = pt.Transformer.from_df(pd.DataFrame({'qid': ['1', '2'], 'docno': ['d4', 'd5'], 'score': [1., 1.],
+                                                'rank': [0, 0]}))
+    trainer = AMERTrainer(model, index, hard, hard_negatives=2, epochs=2, batch_size=2, negatives=2,
+                          learning_rate=1e-3, departure='one_se', first_stage_name='MiniLM', verbose=False)
+    trained, judged = topics['qid'].isin(['1', '2']), qrels['qid'].isin(['1', '2'])   # questions 3 and 4 validate
+    history = trainer.fit(topics[trained], qrels[judged], topics[~trained], qrels[~judged])
+    assert [c['epoch'] for c in history.curve] == [0, 1, 2] and len(history.losses) == 2
+    assert all(0. <= c['dev'] <= 1. for c in history.curve)
+    assert set(history.departure_scores) == {str(w) for w in DEPARTURE_GRID}
+    assert model.departure == history.departure in DEPARTURE_GRID
+    model.save_pretrained(tmp_path / 'amer')
+    loaded = pt.Artifact.load(str(tmp_path / 'amer'))
+    assert type(loaded).__name__ == 'EncoderAMERModel' and loaded.departure == history.departure
+    record = loaded.training_record
+    assert record['merge'] == 'round_robin' and record['first_stage'] == 'MiniLM'
+    assert record['history'] == history.to_dict() and record['trainer'] == 'AMERTrainer'
+    many = MultiVectorIndex(tmp_path / 'many.mvi', verbose=False).index(
+        [{'docno': 'd0', 'doc_embs': np.stack([vectors[0], vectors[1]])}])
+    with pytest.raises(ValueError, match='one vector per document'):
+        AMERTrainer(model, many, verbose=False).fit(topics, qrels)
+    with pytest.raises(ValueError, match='needs the documents'):
+        AMERTrainer(model, verbose=False).fit(topics, qrels)
+    with pytest.raises(ValueError, match='unknown merge'):
+        AMERTrainer(model, index, merge='zip')
 
 
 def test_encoder_amer_rejects_bad_settings_and_inputs(minilm_path, tmp_path):
@@ -365,7 +412,7 @@ def test_encoder_amer_rejects_bad_settings_and_inputs(minilm_path, tmp_path):
     with pytest.raises(ValueError, match='text queries'):
         model.encode(np.zeros((1, 384), dtype=np.float32))
     with pytest.raises(ValueError, match=r'hard_negatives\[0\]'):
-        AMERTrainer(model, verbose=False).fit(QUERIES[:1], [np.ones((1, 384), np.float32)],
+        AMERTrainer(model, verbose=False).fit_vectors(QUERIES[:1], [np.ones((1, 384), np.float32)],
                                               np.ones((4, 384), np.float32),
                                               hard_negatives=[np.ones((1, 5), np.float32)])
 

@@ -3,6 +3,7 @@ import itertools
 import numpy as np
 import pandas as pd
 import pytest
+import pyterrier as pt
 
 from pyterrier_multiquery._saved_model import CorruptModelError
 from pyterrier_multiquery.jpr.decoding import independent_decode, length_penalty, seq_decode, tree_decode
@@ -216,19 +217,26 @@ def test_dynamic_oracle_targets_are_the_positives_not_yet_chosen(tiny_bert):
 
 
 def test_trainer_rejects_bad_settings(tiny_bert):
-    from pyterrier_multiquery.jpr import JPRExample, JPRTrainer
+    from pyterrier_multiquery.jpr import JPRTrainer
     model = new_model(tiny_bert)
     with pytest.raises(ValueError, match='unknown JPR training mode'):
         JPRTrainer(model, mode='beam')
+    frame, qrels = first_stage_with_answers_on_top()
     with pytest.raises(ValueError, match='no training question'):
-        JPRTrainer(model, verbose=False).fit([JPRExample('q', ['a', 'b'], [set(), set()])])
+        JPRTrainer(model, verbose=False).fit(frame, qrels.assign(label=0))
+    with pytest.raises(ValueError, match='give both'):
+        JPRTrainer(model, verbose=False).fit(frame, qrels, frame)
+    with pytest.raises(ValueError, match='choose on the validation questions'):
+        JPRTrainer(model, choose_epoch=True, verbose=False).fit(frame, qrels)
+    with pytest.raises(ValueError, match='needs a model with a prior'):
+        JPRTrainer(model, departure='one_se', verbose=False)
 
 
 def test_save_and_load_round_trip(tiny_bert, tmp_path):
     import torch
     from pyterrier_multiquery.jpr import JPRModel, JPRTrainer
     model = new_model(tiny_bert)
-    JPRTrainer(model, k=3, epochs=2, verbose=False).fit(examples())
+    JPRTrainer(model, k=3, epochs=2, verbose=False).fit(*first_stage_with_answers_on_top())
     model.save_pretrained(tmp_path / 'jpr')
     assert not any(p.name.startswith('.') for p in tmp_path.iterdir())   # no temporary folder left
     loaded = JPRModel.from_pretrained(tmp_path / 'jpr').eval()
@@ -274,7 +282,7 @@ def test_an_untrained_prior_model_returns_the_first_stage_order(tiny_bert, decod
 def trained_prior_model(tiny_bert):
     from pyterrier_multiquery.jpr import JPRTrainer
     model = new_model(tiny_bert, prior=True)
-    JPRTrainer(model, k=3, epochs=2, learning_rate=1e-2, verbose=False).fit(examples())
+    JPRTrainer(model, k=3, epochs=2, learning_rate=1e-2, verbose=False).fit(*first_stage_with_answers_on_top())
     return model
 
 
@@ -338,43 +346,64 @@ def first_stage_with_answers_on_top(questions=4):
     return frame, qrels
 
 
-def test_train_jpr_records_the_curve_and_keeps_the_best_dev_epoch(tiny_bert):
-    from pyterrier_multiquery.jpr import JPR, train_jpr
+def split_questions(frame, qrels, dev=('q2', 'q3')):
+    """``(frame, qrels, dev frame, dev qrels)``: the questions ``dev`` held out for validation."""
+    held = frame['qid'].isin(dev), qrels['qid'].isin(dev)
+    return frame[~held[0]], qrels[~held[1]], frame[held[0]], qrels[held[1]]
+
+
+def prior_trainer(tiny_bert, epochs, **settings):
+    from pyterrier_multiquery.jpr import JPRTrainer
+    return JPRTrainer(new_model(tiny_bert, prior=True), num_candidates=6, train_candidates=6, k=3, epochs=epochs,
+                      learning_rate=1e-2, verbose=False, **settings)
+
+
+def test_the_trainer_records_the_curve_and_keeps_the_best_dev_epoch(tiny_bert):
+    from pyterrier_multiquery.jpr import JPR
     frame, qrels = first_stage_with_answers_on_top()
-    settings = dict(num_candidates=6, train_candidates=6, k=3, epochs=3, decoder_layers=1, learning_rate=1e-2)
-    model = train_jpr(frame, qrels, str(tiny_bert), dev_fraction=0., **settings)
-    assert [c['epoch'] for c in model.training_curve] == [0, 1, 2, 3] and model.best_epoch == 3
-    assert model.training_curve[0]['loss'] is None and all(c['loss'] > 0 for c in model.training_curve[1:])
-    assert all(c['dev'] is None for c in model.training_curve)
-    assert model.prior_weight.item() != 1.     # trained
+    trainer = prior_trainer(tiny_bert, 3)
+    history = trainer.fit(frame, qrels)
+    assert [c['epoch'] for c in history.curve] == [0, 1, 2, 3] and history.best_epoch == 3
+    assert history.curve[0]['loss'] is None and all(c['loss'] > 0 for c in history.curve[1:])
+    assert all(c['dev'] is None for c in history.curve)
+    assert len(history.losses) == 3   # 4 questions, batches of 16: one step an epoch
+    assert history.curve[1]['loss'] == history.losses[0]
+    assert trainer.model.prior_weight.item() != 1.     # trained
     # the first stage covers every dev answer (score 1), which no epoch beats: the untrained model is kept
-    model = train_jpr(frame, qrels, str(tiny_bert), dev_fraction=.5, **settings)
-    assert model.training_curve[0]['dev'] == 1. and model.best_epoch == 0
+    trainer = prior_trainer(tiny_bert, 3, choose_epoch=True)
+    history = trainer.fit(*split_questions(frame, qrels))
+    assert history.curve[0]['dev'] == 1. and history.best_epoch == 0
+    model = trainer.model
     assert model.prior_weight.item() == 1. and not model.query_head.weight.any()
     out = JPR(model, k=3, num_candidates=6)(frame)
     assert out['docno'].tolist() == frame.groupby('qid').head(3)['docno'].tolist()
 
 
-def test_a_fixed_schedule_keeps_the_last_epoch_and_the_held_out_questions_choose_the_departure(tiny_bert):
-    from pyterrier_multiquery.jpr import JPR, train_jpr
+def test_a_fixed_schedule_keeps_the_last_epoch_and_the_held_out_questions_choose_the_departure(tiny_bert, tmp_path):
+    from pyterrier_multiquery.jpr import JPR, JPRModel
     frame, qrels = first_stage_with_answers_on_top()
-    settings = dict(num_candidates=6, train_candidates=6, k=3, epochs=2, decoder_layers=1, learning_rate=1e-2)
-    model = train_jpr(frame, qrels, str(tiny_bert), dev_fraction=.5, choose_epoch=False, departure='one_se',
-                      **settings)
-    assert model.best_epoch == 2 and model.prior_weight.item() != 1.   # the last epoch, trained
+    trainer = prior_trainer(tiny_bert, 2, departure='one_se')
+    history = trainer.fit(*split_questions(frame, qrels))
+    model = trainer.model
+    assert history.best_epoch == 2 and model.prior_weight.item() != 1.   # the last epoch, trained
     # the first stage already covers every held-out answer: no weight does better, so the first stage is kept
-    assert model.departure_scores == {'0.0': 1., '0.25': 1., '0.5': 1., '0.75': 1., '1.0': 1.}
-    assert model.departure == 0.
+    assert history.departure_scores == {'0.0': 1., '0.25': 1., '0.5': 1., '0.75': 1., '1.0': 1.}
+    assert model.departure == history.departure == 0.
     assert JPR(model, k=3, num_candidates=6)(frame)['docno'].tolist() == frame.groupby('qid').head(3)['docno'].tolist()
-    with pytest.raises(ValueError, match='give dev_fraction > 0'):
-        train_jpr(frame, qrels, str(tiny_bert), dev_fraction=0., departure='one_se', **settings)
+    # the saved model keeps its training record and loads through pt.Artifact.load
+    model.save_pretrained(tmp_path / 'jpr')
+    loaded = pt.Artifact.load(str(tmp_path / 'jpr'))
+    assert isinstance(loaded, JPRModel) and loaded.departure == 0.
+    assert loaded.training_record['history'] == history.to_dict()
+    assert loaded.training_record['trainer'] == 'JPRTrainer'
+    assert loaded.training_record['settings']['departure'] == 'one_se'
 
 
 def test_prior_model_save_and_load_round_trip(tiny_bert, tmp_path):
     import torch
     from pyterrier_multiquery.jpr import JPR, JPRModel, JPRTrainer
     model = new_model(tiny_bert, prior=True)
-    JPRTrainer(model, k=3, epochs=2, learning_rate=1e-2, verbose=False).fit(examples())
+    JPRTrainer(model, k=3, epochs=2, learning_rate=1e-2, verbose=False).fit(*first_stage_with_answers_on_top())
     model.save_pretrained(tmp_path / 'jpr')
     loaded = JPRModel.from_pretrained(tmp_path / 'jpr').eval()
     assert loaded.prior and loaded.prior_weight.item() == model.prior_weight.item() != 1.

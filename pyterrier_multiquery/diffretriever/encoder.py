@@ -6,7 +6,7 @@ from typing import List, Optional
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building
-from pyterrier_multiquery._saved_model import SavedModel, check_saved, read_json, write_meta
+from pyterrier_multiquery._saved_model import SavedModel, check_saved, read_json, read_training, write_meta
 from pyterrier_multiquery.diffretriever.prompts import layout
 from pyterrier_multiquery.diffretriever.sparse import content_token_ids, sparse_weights, to_toks
 from pyterrier_multiquery.multivector_encoder import Encoded, MultiVectorEncoder
@@ -212,6 +212,7 @@ class DiffRetriever(MultiVectorEncoder, SavedModel):
                       **kwargs)
         if saved:
             encoder.path = Path(path)
+            encoder.training_record = read_training(path)
         return encoder
 
     def save_pretrained(self, path) -> None:
@@ -224,7 +225,7 @@ class DiffRetriever(MultiVectorEncoder, SavedModel):
             (tmp / CONFIG_NAME).write_text(json.dumps({'k_query': self.k_query, 'k_doc': self.k_doc,
                                                        'vectors': self.vectors, 'head': self.backbone.head,
                                                        'mask_token_id': self.backbone.mask_token_id}))
-            write_meta(tmp, type(self))
+            write_meta(tmp, self)
         self.path = Path(path)
 
     def with_k(self, k_query: Optional[int] = None, k_doc: Optional[int] = None) -> 'DiffRetriever':

@@ -21,7 +21,7 @@ TRAINED = ('AMER', 'MiniLM >> JPR', 'AMER >> JPR')
 #: AMER and JPR depart from their first stage (the one-standard-error rule), so that they stay near it where their
 #: training does not carry over.
 SCHEDULES = {FINE_TUNED: {},
-             'AMER': {'dev_fraction': .2, 'choose_epoch': False, 'departure': 'one_se', 'merges': ('round_robin',)},
+             'AMER': {'dev_fraction': .2, 'choose_epoch': False, 'departure': 'one_se', 'merge': 'round_robin'},
              'JPR': {'dev_fraction': .2, 'choose_epoch': False, 'departure': 'one_se'}}
 
 

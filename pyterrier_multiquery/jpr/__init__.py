@@ -1,7 +1,7 @@
 """JPR (Min et al., 2021): joint passage reranking with dynamic-oracle training and TreeDecode.
 
 Modules: ``oracle`` (greedy answer cover, Gumbel top-k), ``decoding`` (SeqDecode, TreeDecode), ``model``
-(:class:`JPRModel`), ``training`` (:class:`JPRTrainer`, :func:`train_jpr`), ``reranker`` (:class:`JPR`,
+(:class:`JPRModel`), ``training`` (:class:`JPRTrainer`, :func:`jpr_examples`), ``reranker`` (:class:`JPR`,
 :class:`IndepPR`).
 torch loads only with the model, trainer and rerankers.
 """
@@ -19,7 +19,6 @@ _ATTRIBUTES = {
     'JPRTrainer': 'training',
     'JPRExample': 'training',
     'jpr_examples': 'training',
-    'train_jpr': 'training',
     'JPR': 'reranker',
     'IndepPR': 'reranker',
 }

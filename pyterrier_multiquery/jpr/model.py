@@ -9,7 +9,7 @@ import numpy as np
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building
-from pyterrier_multiquery._saved_model import SavedModel, check_saved, read_json, write_meta
+from pyterrier_multiquery._saved_model import SavedModel, check_saved, read_json, read_training, write_meta
 from pyterrier_multiquery.training.departure import checked_departure
 
 with requires('dense'):
@@ -218,7 +218,7 @@ class JPRModel(nn.Module, SavedModel):
             torch.save({k: v for k, v in self.state_dict().items() if not k.startswith('passages.')},
                        tmp / DECODER_WEIGHTS)
             (tmp / CONFIG_NAME).write_text(json.dumps({**self.settings, 'departure': self.departure}, indent=2))
-            write_meta(tmp, type(self))
+            write_meta(tmp, self)
         self.path = Path(path)
 
     @classmethod
@@ -242,4 +242,5 @@ class JPRModel(nn.Module, SavedModel):
             raise ValueError(f'{path / DECODER_WEIGHTS} does not match the JPR decoder: '
                              f'missing {missing}, unexpected {unexpected}')
         model.path = path
+        model.training_record = read_training(path)
         return model

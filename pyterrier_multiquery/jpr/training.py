@@ -1,5 +1,5 @@
-"""Training the JPR decoder: dynamic oracle, teacher forcing, or the independent (IndepPR) objective."""
-import copy
+"""Training the JPR decoder on a first stage's results: dynamic oracle, teacher forcing, or the independent (IndepPR)
+objective."""
 from typing import AbstractSet, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -7,12 +7,11 @@ import pandas as pd
 import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
-from pyterrier_multiquery.jpr.model import JPRModel, PassageEncoder
+from pyterrier_multiquery.jpr.model import JPRModel
 from pyterrier_multiquery.jpr.oracle import greedy_answer_cover, gumbel_top_k
 from pyterrier_multiquery.jpr.reranker import index_order
-from pyterrier_multiquery.training.departure import DEPARTURE_GRID, choose_departure
 from pyterrier_multiquery.training.distributed import DataParallel
-from pyterrier_multiquery.training.splits import dev_split
+from pyterrier_multiquery.training.trainer import Trainer
 
 with requires('dense'):
     import torch
@@ -31,11 +30,13 @@ class JPRExample(NamedTuple):
     ranks: Optional[Sequence[int]] = None
 
 
-class JPRTrainer:
-    """Trains a :class:`JPRModel`'s decoder (and its encoder, when not frozen).
+class JPRTrainer(Trainer):
+    """Trains a :class:`JPRModel`'s decoder (and its encoder, when not frozen) on a first stage's results.
 
-    Each question's candidates get random index numbers once (the paper found rank-ordered indexes bias the
-    model). Every epoch each question contributes ``train_candidates`` of its candidates (the paper trains on a
+    ``fit(res_tr, qrels_tr, res_va, qrels_va)`` takes result frames with ``qid``, ``query``, ``docno``, ``text`` and
+    ``score``: each question's top ``num_candidates`` are its candidates (:func:`jpr_examples`, in the rerankers'
+    index order). The validation questions are scored by the mean of MRecall@(k/2) and MRecall@k of the greedy
+    selections. Every epoch each question contributes ``train_candidates`` of its candidates (the paper trains on a
     quarter of |B|): the passages of its greedy answer cover (Algorithm 2) first, then others drawn at random,
     in a random index order. The modes:
 
@@ -51,78 +52,85 @@ class JPRTrainer:
     Under ``accelerate launch`` the processes share each batch (see :mod:`~pyterrier_multiquery.training.distributed`)
     and train the same model as one process would.
     """
+    description = 'JPR'
 
-    def __init__(self, model: JPRModel, *, mode: str = 'dynamic_oracle', k: int = 10, gamma: float = 1.0,
-                 train_candidates: int = 5, learning_rate: float = 1e-3, epochs: int = 10, batch_size: int = 16,
-                 shuffle: bool = True, seed: int = 0, mixed_precision: Optional[str] = None,
-                 gradient_accumulation_steps: int = 1, verbose: bool = True):
+    def __init__(self, model: JPRModel, *, mode: str = 'dynamic_oracle', num_candidates: int = 20, k: int = 10,
+                 gamma: float = 1.0, train_candidates: Optional[int] = None, learning_rate: float = 3e-4,
+                 epochs: int = 10, batch_size: int = 16, seed: int = 0, device: Optional[str] = None,
+                 threads: Optional[int] = None, choose_epoch: bool = False, departure: Union[float, str, None] = None,
+                 mixed_precision: Optional[str] = None, gradient_accumulation_steps: int = 1, verbose: bool = True):
         """
         Args:
             model: The model to train.
             mode: One of ``'dynamic_oracle'``, ``'teacher_forcing'``, ``'independent'``.
-            k: The most passages in a training prefix.
+            num_candidates: |B|, each question's candidates (the rerankers' ``num_candidates``).
+            k: The most passages in a training prefix, and the validation cutoff.
             gamma: Temperature of the Gumbel top-k negatives.
-            train_candidates: Candidates per question in one training example.
+            train_candidates: Candidates per question in one training example (default: a quarter of
+                ``num_candidates``, at least 2, as the paper trains).
             learning_rate: AdamW learning rate.
             epochs: Passes over the questions.
             batch_size: Questions per optimiser step (over all processes).
-            shuffle: Whether to put each example's candidates in a random order first (give them in a random
-                order yourself otherwise, e.g. :func:`~pyterrier_multiquery.jpr.reranker.index_order`'s).
-            seed: Seed of the candidate, order and negative sampling.
+            seed: Seed of the candidate, order and negative sampling, and of the index order (use the same
+                ``seed`` in the rerankers).
+            device: Where the model trains (None: where it is).
+            threads: torch's CPU threads while training (None: as they are).
+            choose_epoch: Keep the epoch that scores best on the validation questions.
+            departure: The departure weight, ``'one_se'`` to choose it on the validation questions (a model with a
+                prior only), or None to leave it.
             mixed_precision: ``'no'``, ``'fp16'``, ``'bf16'``; None takes ``accelerate launch``'s setting.
             gradient_accumulation_steps: Micro-batches per batch (one backward each).
             verbose: Whether to show progress.
         """
         if mode not in MODES:
             raise ValueError(f'unknown JPR training mode {mode!r}; expected one of {MODES}')
+        train_candidates = train_candidates or max(2, num_candidates // 4)
         if train_candidates < 2:
             raise ValueError(f'train_candidates must be at least 2, got {train_candidates}')
-        self.model = model
+        if departure == 'one_se' and not model.prior:
+            raise ValueError("departure='one_se' chooses how far a model departs from its first stage's order: it "
+                             'needs a model with a prior (JPRModel(..., prior=True))')
+        super().__init__(model, learning_rate=learning_rate, epochs=epochs, batch_size=batch_size, seed=seed,
+                         device=device, threads=threads, choose_epoch=choose_epoch, departure=departure,
+                         verbose=verbose)
+        self.description = f'JPR {mode}'
         self.mode = mode
+        self.num_candidates = num_candidates
         self.k = k
         self.gamma = gamma
         self.train_candidates = train_candidates
-        self.learning_rate = learning_rate
-        self.epochs = epochs
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.seed = seed
-        self.verbose = verbose
         self.rng = np.random.default_rng(seed)
         self.optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=learning_rate)
         self.parallel = DataParallel(model, self.optimizer, mixed_precision=mixed_precision,
                                      gradient_accumulation_steps=gradient_accumulation_steps)
 
-    def fit(self, examples: Sequence[JPRExample]) -> List[float]:
-        """Trains for ``epochs`` passes; returns the mean loss of each epoch."""
-        examples = [self.shuffled(e) if self.shuffle else e for e in examples if any(e.answers)]
+    def examples(self, res: pd.DataFrame, qrels: pd.DataFrame) -> List[JPRExample]:
+        """The questions of ``res`` with a candidate that supports an answer, as :class:`JPRExample`."""
+        examples = [e for e in jpr_examples(res, qrels, num_candidates=self.num_candidates, seed=self.seed).values()
+                    if any(e.answers)]
         if not examples:
             raise ValueError('no training question has a candidate that supports an answer')
-        history = []
-        epochs = pt.tqdm(range(self.epochs), desc=f'JPR {self.mode}', unit='epoch') if self.verbose \
-            else range(self.epochs)
-        for _ in epochs:
-            history.append(self.epoch(examples))
-            if self.verbose:
-                epochs.set_postfix(loss=f'{history[-1]:.4f}')
-        return history
+        return examples
 
-    def epoch(self, examples: Sequence[JPRExample]) -> float:
-        """One pass over ``examples`` (used as given: neither shuffled nor filtered); returns its mean loss."""
+    def dev_examples(self, res: pd.DataFrame, qrels: pd.DataFrame) -> Tuple[Dict[str, JPRExample], Dict[str, int]]:
+        """Every validation question with an answer, and its number of answers (the candidates may miss some)."""
+        totals = {}
+        for (qid, _), answers in answer_sets(qrels).items():
+            totals.setdefault(qid, set()).update(answers)
+        examples = jpr_examples(res, qrels, num_candidates=self.num_candidates, seed=self.seed)
+        return {q: e for q, e in examples.items() if q in totals}, {q: len(a) for q, a in totals.items()}
+
+    def dev_scores(self, dev) -> pd.Series:
+        """Each validation question's mean of MRecall@(k/2) and MRecall@k of the greedy selections."""
+        examples, totals = dev
+        return pd.Series(dev_scores(self.model, list(examples.values()), [totals[q] for q in examples], self.k,
+                                    independent=self.mode == 'independent'), index=list(examples), dtype=float)
+
+    def train_epoch(self, examples: Sequence[JPRExample], epoch: int, step) -> None:
+        """One pass over ``examples`` in a random order, ``batch_size`` questions a step."""
         order = self.rng.permutation(len(examples))
-        losses = [self.step([examples[i] for i in order[begin:begin + self.batch_size]])
-                  for begin in range(0, len(order), self.batch_size)]
-        return float(np.mean(losses))
-
-    def shuffled(self, example: JPRExample) -> JPRExample:
-        """``example`` with its candidates in a random order, which assigns their index numbers at random.
-
-        The order is drawn once per example, so a frozen encoder encodes each question once.
-        """
-        order = self.rng.permutation(len(example.passages))
-        ranks = None if example.ranks is None else [example.ranks[i] for i in order]
-        return JPRExample(example.question, [example.passages[i] for i in order], [example.answers[i] for i in order],
-                          ranks)
+        for begin in range(0, len(order), self.batch_size):
+            step(self.step([examples[i] for i in order[begin:begin + self.batch_size]]))
 
     def step(self, batch: Sequence[JPRExample]) -> float:
         """One optimiser step on ``batch``; returns its loss."""
@@ -312,94 +320,3 @@ def dev_scores(model: JPRModel, examples: Sequence[JPRExample], totals: Sequence
                 for cutoff in (max(1, k // 2), k)]
         scores.append(float(np.mean(hits)))
     return scores
-
-
-def train_jpr(results: pd.DataFrame, qrels: pd.DataFrame, encoder: Union[str, PassageEncoder], *,
-              mode: str = 'dynamic_oracle', prior: bool = True, num_candidates: int = 20, k: int = 10,
-              epochs: int = 10, dev_fraction: float = 0.2, train_candidates: Optional[int] = None,
-              learning_rate: float = 3e-4, gamma: float = 1.0, batch_size: int = 16, decoder_layers: int = 2,
-              max_length: int = 128, choose_epoch: bool = True, departure: Union[float, str] = 1., seed: int = 0,
-              verbose: bool = False) -> JPRModel:
-    """Trains a JPR model (or, with ``mode='independent'``, an IndepPR one) on a first-stage result frame.
-
-    A ``dev_fraction`` of the questions is held out; the model is scored on it (the mean of MRecall@(k/2) and
-    MRecall@k of greedy selections) before training and after every epoch, and the returned model is the one of
-    the best epoch, the earliest on ties: with a prior, epoch 0 is the first-stage order itself. The returned
-    model's ``training_curve`` lists ``{'epoch', 'loss', 'dev'}`` per epoch (epoch 0: untrained, no loss) and
-    its ``best_epoch`` the epoch kept. With ``choose_epoch=False`` the last epoch is kept (a schedule fixed in
-    advance) and the held-out questions serve only to choose the departure weight: ``departure='one_se'`` scores
-    each weight of :data:`~pyterrier_multiquery.training.departure.DEPARTURE_GRID` on them and keeps the one
-    :func:`~pyterrier_multiquery.training.departure.choose_departure` picks (``departure_scores`` records the means).
-
-    Args:
-        results: First-stage results with ``qid``, ``query``, ``docno``, ``text`` and ``score``.
-        qrels: Multi-answer qrels (answer id in ``iteration``).
-        encoder: The passage encoder's checkpoint path, or a :class:`PassageEncoder` to share.
-        mode: ``'dynamic_oracle'``, ``'teacher_forcing'`` or ``'independent'`` (see :class:`JPRTrainer`).
-        prior: Whether the model adds the first-stage rank prior.
-        num_candidates: |B|, candidates per question (the rerankers' ``num_candidates``).
-        k: Passages chosen, the longest training prefix.
-        epochs: Passes over the training questions.
-        dev_fraction: Fraction of the questions held out to choose the epoch or the departure (0: none).
-        train_candidates: Candidates per question in one training example (default: a quarter of
-            ``num_candidates``, at least 2, as the paper trains).
-        learning_rate: AdamW learning rate.
-        gamma: Temperature of the dynamic oracle's Gumbel negatives.
-        batch_size: Questions per optimiser step.
-        decoder_layers: Transformer decoder layers.
-        max_length: Tokens per candidate text (for an encoder given by path).
-        choose_epoch: Whether the held-out questions choose the epoch (else the last one is kept).
-        departure: The model's departure weight, or ``'one_se'`` to choose it on the held-out questions.
-        seed: Seed of the split, the initialisation, the sampling and the index order (use the same ``seed`` in
-            the rerankers).
-        verbose: Whether to show progress.
-    """
-    if departure == 'one_se' and (not dev_fraction or not prior):
-        raise ValueError("departure='one_se' chooses the weight on held-out questions of a model with a prior: give "
-                         'dev_fraction > 0 and prior=True')
-    examples = jpr_examples(results, qrels, num_candidates=num_candidates, seed=seed)
-    totals = {}
-    for (qid, _), answers in answer_sets(qrels).items():
-        totals.setdefault(qid, set()).update(answers)
-    qids = [q for q in examples if any(examples[q].answers)]
-    if not qids:
-        raise ValueError('no training question has a candidate that supports an answer')
-    train_qids, dev_qids = dev_split(qids, dev_fraction, seed=seed)
-    torch.manual_seed(seed)
-    model = JPRModel(encoder, decoder_layers=decoder_layers, max_length=max_length, prior=prior)
-    trainer = JPRTrainer(model, mode=mode, k=k, gamma=gamma,
-                         train_candidates=train_candidates or max(2, num_candidates // 4), learning_rate=learning_rate,
-                         batch_size=batch_size, shuffle=False, seed=seed, verbose=False)
-    train, dev = [examples[q] for q in train_qids], [examples[q] for q in dev_qids]
-
-    def score():
-        return dev_mrecall(model, dev, [len(totals[q]) for q in dev_qids], k,
-                           independent=mode == 'independent') if dev else None
-
-    curve = [{'epoch': 0, 'loss': None, 'dev': score()}]
-    best = (curve[0]['dev'], 0, copy.deepcopy(model.state_dict()))
-    passes = pt.tqdm(range(1, epochs + 1), desc=f'JPR {mode}', unit='epoch') if verbose else range(1, epochs + 1)
-    for epoch in passes:
-        curve.append({'epoch': epoch, 'loss': trainer.epoch(train), 'dev': score()})
-        if dev and choose_epoch and curve[-1]['dev'] > best[0]:
-            best = (curve[-1]['dev'], epoch, copy.deepcopy(model.state_dict()))
-        if verbose:
-            passes.set_postfix(loss=f'{curve[-1]["loss"]:.4f}', dev=curve[-1]['dev'])
-    if dev and choose_epoch:
-        model.load_state_dict(best[2])
-    model.training_curve = curve
-    model.best_epoch = best[1] if dev and choose_epoch else epochs
-    model.departure_scores = None
-    if departure == 'one_se':
-        totals_dev = [len(totals[q]) for q in dev_qids]
-        scores = {}
-        for weight in DEPARTURE_GRID:
-            model.departure = weight
-            scores[weight] = dev_scores(model, dev, totals_dev, k, independent=mode == 'independent')
-        scores = pd.DataFrame(scores, index=dev_qids)
-        model.departure = choose_departure(scores)
-        model.departure_scores = {str(w): float(v) for w, v in scores.mean().items()}
-    else:
-        model.departure = departure
-    return model.eval()
-
