@@ -72,10 +72,12 @@ def test_main_job_trains_amer_and_jpr_once_reproducibly_and_reuses_them(small_ra
     assert 'fixed split by question: 8 training / 6 test questions' in printed and 'MMR lambda' in printed
     table = pd.read_csv(out)
     assert table['name'].str.replace(r'\(λ=[0-9.]+\)', '', regex=True).tolist() == [
-        'BM25', 'MiniLM', 'MiniLM >> MMR', 'MiniLM-FT', 'AMER', 'MiniLM >> JPR', 'AMER >> JPR']
+        'BM25', 'MiniLM', 'MiniLM >> MMR', 'MiniLM-FT', 'AMER', 'MiniLM >> JPR', 'AMER >> JPR',
+        'AMER over MiniLM-FT', 'MiniLM-FT >> JPR', 'AMER over MiniLM-FT >> JPR']   # over both first stages
     assert {'MRecall@5 p-value', 'MRecall@10 p-value'} <= set(table.columns)   # paired tests against MiniLM
+    assert 'MRecall@10 p-value vs MiniLM-FT' in table.columns                 # and against MiniLM-FT
     models = sorted(p.name for p in cache.iterdir() if p.name.startswith(('amer-', 'jpr-')))
-    assert [m.split('-')[0] for m in models] == ['amer', 'jpr']
+    assert [m.split('-')[0] for m in models] == ['amer', 'amer', 'jpr', 'jpr']
     assert any((cache / 'jpr_candidate_states').rglob('*.npy'))   # JPR's encoder states, kept
 
     # determinism: the same table to the last digit from another empty cache
@@ -132,11 +134,13 @@ def test_main_job_trains_on_another_collection_when_asked(small_ramdocs, tmp_pat
     (folder / 'queries.jsonl').write_text('{"_id": "q1", "text": "what is the population of broken bow"}\n')
     (folder / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\nq1\td1\t1\n')
     out = tmp_path / 'table.csv'
-    assert main(['--dataset', str(folder), '--train-dataset', str(small_ramdocs),
+    assert main(['--dataset', str(folder), '--train-dataset', str(small_ramdocs), '--first-stage', 'minilm-ft',
                  '--cache-dir', str(tmp_path / 'cache'), '--save', str(out)]) == 0
     printed = capsys.readouterr().out
     assert f'training on: {small_ramdocs} (8 queries)' in printed and 'no training split' in printed
-    assert {'AMER', 'MiniLM >> JPR', 'AMER >> JPR'} <= set(pd.read_csv(out)['name'])
+    names = set(pd.read_csv(out)['name'])   # the refiners over MiniLM-FT only, trained on the other collection
+    assert {'MiniLM-FT', 'AMER over MiniLM-FT', 'MiniLM-FT >> JPR', 'AMER over MiniLM-FT >> JPR'} <= names
+    assert not {'AMER', 'MiniLM >> JPR', 'AMER >> JPR'} & names
 
 
 def test_trained_elsewhere_the_main_job_evaluates_every_question(small_ramdocs, tmp_path, capsys):

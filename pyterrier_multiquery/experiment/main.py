@@ -13,8 +13,13 @@ from pyterrier_multiquery.experiment.determinism import DEFAULT_THREADS
 
 #: The fair baseline's name: all-MiniLM-L6-v2 fine-tuned on the same training questions as the trained methods.
 FINE_TUNED = 'MiniLM-FT'
+#: The trained refiners over each first stage, compared with it: AMER, JPR and their stack, by the first stage's name.
+REFINED = {'MiniLM': ('AMER', 'MiniLM >> JPR', 'AMER >> JPR'),
+           FINE_TUNED: (f'AMER over {FINE_TUNED}', f'{FINE_TUNED} >> JPR', f'AMER over {FINE_TUNED} >> JPR')}
 #: The trained multi-vector methods, compared with it.
-TRAINED = ('AMER', 'MiniLM >> JPR', 'AMER >> JPR')
+TRAINED = REFINED['MiniLM'] + REFINED[FINE_TUNED]
+#: ``--first-stage``: the first stages the trained refiners start from.
+FIRST_STAGES = {'minilm': ('MiniLM',), 'minilm-ft': (FINE_TUNED,), 'both': ('MiniLM', FINE_TUNED)}
 #: How the main job trains each model: for the trainers' epochs, a schedule fixed in advance (AMER's lists merged
 #: round-robin, as in its paper); choosing an epoch and merge on a few dozen held-out questions picked a different
 #: point at each run, which is noise, not choice. A fifth of the training questions is held out to choose how far
@@ -50,6 +55,9 @@ def main(argv=None) -> int:
                                                        'AMERModel.save_pretrained) instead of training one')
     parser.add_argument('--jpr', metavar='MODEL', help='run JPR with this trained model (a folder written by '
                                                       'JPRModel.save_pretrained) instead of training one')
+    parser.add_argument('--first-stage', choices=list(FIRST_STAGES), default='both',
+                        help='what AMER and JPR start from: the frozen all-MiniLM-L6-v2, MiniLM-FT (MiniLM fine-tuned '
+                             'on the training split), or both, each in its own rows (default: %(default)s)')
     parser.add_argument('--no-train', action='store_true', help='train no model: baselines (and --amer/--jpr) only')
     parser.add_argument('--threads', type=int, default=DEFAULT_THREADS,
                         help='torch threads: the figures are the same to the last digit for one count (default: '
@@ -158,6 +166,36 @@ def _remove_new_empty_folders(before: Optional[set]) -> None:
             folder.rmdir()
 
 
+def refiners(args, cache, name: str, first_stage, train_first_stage, dataset, train_dataset, train_split, train: bool,
+             amer_model=None, jpr_model=None) -> dict:
+    """AMER, ``first stage >> JPR`` and ``AMER >> JPR`` over one first stage (``name``), trained on ``train_split``
+    over ``train_first_stage`` where ``train`` (or given as models), under the names of :data:`REFINED`."""
+    from pyterrier_multiquery.experiment import systems
+    amer_name, jpr_name, stacked_name = REFINED[name]
+    if train and amer_model is None:
+        print(f'{amer_name}: trained on the training split (on the first run; then cached)', flush=True)
+        amer_model = systems.train_amer(train_first_stage, train_split.train_topics, train_split.train_qrels,
+                                        **SCHEDULES['AMER'], seed=args.seed, threads=args.threads)
+    if train and jpr_model is None:
+        print(f'{jpr_name}: trained on the training split (on the first run; then cached)', flush=True)
+        jpr_model = systems.train_jpr(train_first_stage, train_dataset or dataset, train_split.train_topics,
+                                      train_split.train_qrels, **SCHEDULES['JPR'], seed=args.seed, threads=args.threads)
+    table = {}
+    if amer_model is not None:
+        table[amer_name] = systems.amer(first_stage, amer_model, batch_size=args.batch_size)
+    if jpr_model is not None:
+        model_id = hashlib.sha1(str(Path(jpr_model).resolve()).encode()).hexdigest()[:12]
+        states = cache.root / 'jpr_candidate_states' / model_id
+        from pyterrier_multiquery.jpr import JPRModel
+        jpr_model = JPRModel.from_pretrained(jpr_model)   # loaded once for both rerankers
+        table[jpr_name] = systems.jpr(first_stage.retriever(), dataset, jpr_model, seed=args.seed, state_cache=states,
+                                      verbose=args.verbose)
+        if amer_model is not None:
+            table[stacked_name] = systems.jpr(table[amer_name], dataset, jpr_model, seed=args.seed,
+                                              state_cache=states, verbose=args.verbose)
+    return table
+
+
 def build_systems(args, spec, dataset, train_dataset, train_split, train: bool):
     """The table's systems: baselines, and AMER and JPR trained on ``train_split`` (or given as models)."""
     from pyterrier_multiquery.baselines import DEFAULT_MMR_LAMBDA
@@ -179,31 +217,19 @@ def build_systems(args, spec, dataset, train_dataset, train_split, train: bool):
             print(f'MMR lambda {mmr_lambda} chosen on the training split ({tuned["measure"]} '
                   + ', '.join(f'{k}: {v:.3f}' for k, v in tuned['scores'].items()) + ')')
     table = systems.baseline_systems(first_stage, mmr_lambda=mmr_lambda, mmr_depth=args.mmr_depth)
+    stages = {'MiniLM': (first_stage, train_first_stage)}
     if train:
         print(f'{FINE_TUNED}: MiniLM fine-tuned on the training split (on the first run; then cached)', flush=True)
         fine_tuned = systems.train_single_vector(train_first_stage, train_split.train_topics, train_split.train_qrels,
                                                  **SCHEDULES[FINE_TUNED], seed=args.seed, threads=args.threads)
         table[FINE_TUNED] = systems.single_vector(first_stage, fine_tuned)
-    amer_model, jpr_model = args.amer, args.jpr
-    if train and amer_model is None:
-        print('AMER: trained on the training split (on the first run; then cached)', flush=True)
-        amer_model = systems.train_amer(train_first_stage, train_split.train_topics, train_split.train_qrels,
-                                        **SCHEDULES['AMER'], seed=args.seed, threads=args.threads)
-    if train and jpr_model is None:
-        print('JPR: trained on the training split (on the first run; then cached)', flush=True)
-        jpr_model = systems.train_jpr(train_first_stage, train_dataset or dataset, train_split.train_topics,
-                                      train_split.train_qrels, **SCHEDULES['JPR'], seed=args.seed, threads=args.threads)
-    if amer_model is not None:
-        table['AMER'] = systems.amer(first_stage, amer_model, batch_size=args.batch_size)
-    if jpr_model is not None:
-        model_id = hashlib.sha1(str(Path(jpr_model).resolve()).encode()).hexdigest()[:12]
-        states = cache.root / 'jpr_candidate_states' / model_id
-        from pyterrier_multiquery.jpr import JPRModel
-        jpr_model = JPRModel.from_pretrained(jpr_model)   # loaded once for both rerankers
-        table['MiniLM >> JPR'] = systems.jpr(first_stage.retriever(), dataset, jpr_model, seed=args.seed,
-                                             state_cache=states, verbose=args.verbose)
-        if amer_model is not None:
-            table['AMER >> JPR'] = systems.jpr(table['AMER'], dataset, jpr_model, seed=args.seed,
-                                               state_cache=states, verbose=args.verbose)
+        if FINE_TUNED in FIRST_STAGES[args.first_stage]:
+            over = lambda data: systems.DenseFirstStage(data, cache, model=fine_tuned,  # noqa: E731
+                                                        batch_size=args.batch_size, verbose=args.verbose)
+            stages[FINE_TUNED] = (over(dataset), over(train_dataset) if train_dataset is not None else None)
+    for name, (stage, train_stage) in stages.items():
+        given = (args.amer, args.jpr) if name == 'MiniLM' else (None, None)   # given models are MiniLM's
+        table.update(refiners(args, cache, name, stage, train_stage or stage, dataset, train_dataset, train_split,
+                              train and name in FIRST_STAGES[args.first_stage], *given))
     return table
 
