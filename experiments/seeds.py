@@ -3,10 +3,11 @@
     python experiments/seeds.py [--seeds 0 1 2] [--cache-dir DIR]
 
 Runs the main job (``python -m pyterrier_multiquery``, RAMDocs, fixed split) once per seed, each from the same cache
-folder, so that the indexes are built once and each seed trains its own MiniLM-FT, AMER and JPR (a cached model is
-keyed by its seed). The schedule is fixed in advance (no epoch or merge is chosen on data); what a seed's training
-chooses is each refiner's departure weight from its first stage, on a fifth of the training questions. Reports, per
-system, each seed's MRecall@5/@10 and their mean and standard deviation, and per seed the chosen weights. Writes
+folder, so that the indexes are built once and each seed trains its own MiniLM-FT, and AMER and JPR over MiniLM and
+over MiniLM-FT (a cached model is keyed by its seed). The schedule is fixed in advance (no epoch or merge is chosen
+on data); what a seed's training chooses is each refiner's departure weight from its first stage, on a fifth of the
+training questions. Reports, per system, each seed's MRecall@5/@10 and their mean and standard deviation, each
+seed's paired t-test of MRecall@10 against MiniLM-FT, and per seed the chosen weights. Writes
 ``experiments/results/seeds.{md,json,csv,png}``.
 """
 import json
@@ -22,14 +23,15 @@ MEASURES = ['MRecall@5', 'MRecall@10']
 
 
 def chosen_weights(cache_dir: Path, seed: int) -> dict:
-    """The departure weights the seed's AMER and JPR trainings chose, read from their cache entries."""
+    """The departure weights the seed's AMER and JPR trainings chose, read from the training records of their cache
+    entries, by method and first stage (``AMER over minilm``, ``JPR over single-vector``: MiniLM-FT)."""
     chosen = {}
-    for kind, record in (('amer', 'training.json'), ('jpr', 'training.json')):
+    for kind in ('amer', 'jpr'):
         for manifest in sorted(cache_dir.glob(f'{kind}-*/manifest.json')):
             key = json.loads(manifest.read_text())['key']
             if key['settings'].get('seed') == seed and key['settings'].get('departure') == 'one_se':
-                training = json.loads((manifest.parent / 'artifact' / record).read_text())
-                chosen[kind.upper()] = training['history']['departure']
+                training = json.loads((manifest.parent / 'artifact' / 'training.json').read_text())
+                chosen[f'{kind.upper()} over {training["first_stage"]}'] = training['history']['departure']
     return chosen
 
 
@@ -62,14 +64,19 @@ def main():
                          '--save', str(out)]) == 0
         table = pd.read_csv(out)
         out.unlink()
-        frames.append(table[['name'] + MEASURES].rename(columns={'name': 'system'}).assign(seed=seed))
+        tests = [f'{m} p-value vs MiniLM-FT' for m in MEASURES if f'{m} p-value vs MiniLM-FT' in table.columns]
+        frames.append(table[['name'] + MEASURES + tests].rename(columns={'name': 'system'}).assign(seed=seed))
         weights.append({'seed': seed, **chosen_weights(Path(args.cache_dir), seed)})
     runs = pd.concat(frames, ignore_index=True)
     runs['system'] = runs['system'].str.replace(r'\(λ=[0-9.]+\)', '', regex=True)   # MMR's lambda may differ
     spread = runs.groupby('system', sort=False)[MEASURES].agg(['mean', 'std'])
     spread.columns = [f'{m} {s}' for m, s in spread.columns]
     per_seed = runs.pivot(index='system', columns='seed', values='MRecall@10').add_prefix('MRecall@10 seed ')
-    table = spread.join(per_seed).reset_index()
+    table = spread.join(per_seed)
+    if 'MRecall@10 p-value vs MiniLM-FT' in runs.columns:   # each seed's paired t-test against MiniLM-FT
+        table = table.join(runs.pivot(index='system', columns='seed', values='MRecall@10 p-value vs MiniLM-FT')
+                           .add_prefix('MRecall@10 p vs MiniLM-FT, seed '))
+    table = table.reset_index()
     write_report(args.out, 'The main job over training seeds', __doc__.split('\n\n', 2)[2],
                  {'Test figures over seeds (mean, standard deviation)': table,
                   'Departure weights chosen by each seed': pd.DataFrame(weights)},

@@ -300,7 +300,7 @@ def train_jpr(first_stage: DenseFirstStage, dataset, topics: pd.DataFrame, qrels
         model = JPRModel(encoder, max_length=max_length, prior=prior)
         JPRTrainer(model, mode=mode, num_candidates=num_candidates, k=k, gamma=gamma, learning_rate=learning_rate,
                    epochs=epochs, seed=seed, threads=threads, choose_epoch=choose_epoch, departure=departure,
-                   verbose=first_stage.verbose).fit(candidates(train[0]), train[1],
+                   first_stage_name=first_stage.name, verbose=first_stage.verbose).fit(candidates(train[0]), train[1],
                                                     None if dev[0] is None else candidates(dev[0]), dev[1])
         model.save_pretrained(path)
 

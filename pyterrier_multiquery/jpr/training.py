@@ -58,7 +58,8 @@ class JPRTrainer(Trainer):
                  gamma: float = 1.0, train_candidates: Optional[int] = None, learning_rate: float = 3e-4,
                  epochs: int = 10, batch_size: int = 16, seed: int = 0, device: Optional[str] = None,
                  threads: Optional[int] = None, choose_epoch: bool = False, departure: Union[float, str, None] = None,
-                 mixed_precision: Optional[str] = None, gradient_accumulation_steps: int = 1, verbose: bool = True):
+                 first_stage_name: Optional[str] = None, mixed_precision: Optional[str] = None,
+                 gradient_accumulation_steps: int = 1, verbose: bool = True):
         """
         Args:
             model: The model to train.
@@ -78,6 +79,7 @@ class JPRTrainer(Trainer):
             choose_epoch: Keep the epoch that scores best on the validation questions.
             departure: The departure weight, ``'one_se'`` to choose it on the validation questions (a model with a
                 prior only), or None to leave it.
+            first_stage_name: The name of the first stage whose results it reranks, kept with the model.
             mixed_precision: ``'no'``, ``'fp16'``, ``'bf16'``; None takes ``accelerate launch``'s setting.
             gradient_accumulation_steps: Micro-batches per batch (one backward each).
             verbose: Whether to show progress.
@@ -94,6 +96,7 @@ class JPRTrainer(Trainer):
                          device=device, threads=threads, choose_epoch=choose_epoch, departure=departure,
                          verbose=verbose)
         self.description = f'JPR {mode}'
+        self.first_stage_name = first_stage_name
         self.mode = mode
         self.num_candidates = num_candidates
         self.k = k
@@ -103,6 +106,10 @@ class JPRTrainer(Trainer):
         self.optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=learning_rate)
         self.parallel = DataParallel(model, self.optimizer, mixed_precision=mixed_precision,
                                      gradient_accumulation_steps=gradient_accumulation_steps)
+
+    def record(self) -> dict:
+        """The trainer's record, with the first stage the model reranks."""
+        return {**super().record(), 'first_stage': self.first_stage_name}
 
     def examples(self, res: pd.DataFrame, qrels: pd.DataFrame) -> List[JPRExample]:
         """The questions of ``res`` with a candidate that supports an answer, as :class:`JPRExample`."""
