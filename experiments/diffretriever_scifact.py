@@ -11,7 +11,7 @@ single-vector encoder, exhaustive search) by a paired bootstrap of per-query fig
   weights; the hybrid) and ``vectors='tokens'`` (the text tokens' states of the same pass, MaxSim, and its hybrid
   with the masks' sparse weights): experiments/diffretriever_variants.py shows, on SciFact's train queries, that no
   reading of MiniLM's mask positions retrieves zero-shot while its text tokens do;
-- DiffRetriever fine-tuned (``contrastive_train``, every weight, masks' dense and sparse losses) on SciFact's train
+- DiffRetriever fine-tuned (``DiffRetrieverTrainer``, every weight, masks' dense and sparse losses) on SciFact's train
   queries with a BM25 hard negative each (PISA over the full corpus), then read as the paper reads it.
 
 Nothing is chosen on the test queries: the recipe is fixed in advance. Writes
@@ -26,7 +26,8 @@ import torch
 from ir_measures import R, nDCG
 
 from pyterrier_multiquery.diffretriever import DiffRetriever, PromptReps
-from pyterrier_multiquery.diffretriever.training import contrastive_train
+from pyterrier_multiquery.diffretriever.training import DiffRetrieverTrainer
+from pyterrier_multiquery.training.contrastive import hard_negative_triples
 from pyterrier_multiquery import baselines
 from pyterrier_multiquery.experiment import systems
 from pyterrier_multiquery.experiment.evaluation import (
@@ -94,7 +95,6 @@ def main():
     parser.add_argument('--epochs', type=int, default=1)
     parser.add_argument('--batch-size', type=int, default=8)
     parser.add_argument('--lr', type=float, default=5e-5)
-    parser.add_argument('--max-steps', type=int, default=None, help='stop training after this many (a dry run)')
     parser.add_argument('--k', type=int, default=4)
     parser.add_argument('--latency-k', type=int, default=16)
     parser.add_argument('--latency-queries', type=int, default=20)
@@ -116,12 +116,16 @@ def main():
         runs = {'MiniLM': minilm(topics)}
         zero_shot, seconds = runs_of('zero-shot', {'masks': diff('masks'), 'tokens': diff('tokens')}, docs, topics, tmp)
         runs.update(zero_shot)
-        triples = systems.hard_negative_triples(corpus, dataset.get_topics('train'), dataset.get_qrels('train'),
-                                                seed=args.seed)
+        # each relevant passage of a training query with BM25's best passage that is not relevant (PISA, full corpus)
+        hard = baselines.bm25(Path(tmp) / 'bm25.pisa', lambda: corpus.to_dict(orient='records'), num_results=20)
         tuned = diff('masks')
         train_started = time.time()
-        losses = contrastive_train(tuned, triples, lora=False, epochs=args.epochs, batch_size=args.batch_size,
-                                   lr=args.lr, max_steps=args.max_steps, seed=args.seed, verbose=True)
+        texts, run, train_qrels = dict(zip(corpus['docno'], corpus['text'])), hard(dataset.get_topics('train')), \
+            dataset.get_qrels('train')
+        trainer = DiffRetrieverTrainer(tuned, texts, lora=False, epochs=args.epochs, batch_size=args.batch_size,
+                                       learning_rate=args.lr, seed=args.seed, verbose=True)
+        losses = trainer.fit(run, train_qrels).losses
+        triples = len(hard_negative_triples(run, train_qrels, texts))
         seconds['fine-tuning'] = time.time() - train_started
         fine_tuned, more = runs_of('fine-tuned', {'masks': tuned}, docs, topics, tmp)
         runs.update(fine_tuned)
@@ -145,7 +149,7 @@ def description(args, docs, topics, triples, times, seconds, wall) -> str:
     return (f'{len(topics)} SciFact test queries over {len(docs)} documents (the whole corpus unless a sample was '
             f'asked for), texts cut to {args.max_length} tokens; backbone all-MiniLM-L6-v2 (tied head), K = {args.k} '
             f'mask positions per query and document. Fine-tuning: every weight, AdamW lr {args.lr}, {args.epochs} '
-            f'epoch(s) of batch {args.batch_size} over {len(triples)} train triples (hard negative: the top BM25 '
+            f'epoch(s) of batch {args.batch_size} over {triples} train triples (hard negative: the top BM25 '
             f'non-judged document on the full corpus), a fixed recipe. p: paired bootstrap (10,000 resamples) of '
             f'per-query figures against MiniLM. Encoding and indexing time: {encoding}. Query latency (K = N = '
             f'{args.latency_k}, one query at a time): DiffRetriever {1000 * times["DiffRetriever"]:.1f} ms, PromptReps '

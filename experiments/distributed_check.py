@@ -1,12 +1,12 @@
 """Do the trainers train the same model under ``accelerate launch`` as in one process?
 
-Trains tiny random models with every trainer (AMERTrainer, JPRTrainer, contrastive_train, train_bi_encoder) once in
+Trains tiny random models with every trainer (AMERTrainer, JPRTrainer, DiffRetrieverTrainer, BiEncoderTrainer) once in
 one process and once under ``accelerate launch --multi_gpu --num_processes N`` on the CPU, on the same examples at
 the same global batch, and prints per trainer the largest absolute difference of the trained weights, the tolerance
 and both wall times (of the training alone, and of the whole run with start-up). Exits 1 when a difference exceeds
 its tolerance.
 
-The tolerance is ``--atol``, except for contrastive_train, whose float32 rounding alone moves the weights further:
+The tolerance is ``--atol``, except for DiffRetrieverTrainer, whose float32 rounding alone moves the weights further:
 its temperature of 0.01 scales the scores' rounding by 100, and Adam's first step, ``lr * g / (|g| + eps)``, is
 set by the rounding for the weights whose gradient lies within rounding of zero. Its one-process run is also trained
 in float64 (exact by comparison), and its tolerance is ``2 * max |w1 - w1(float64)|``: two runs as accurate as the
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-TRAINERS = ('AMERTrainer', 'JPRTrainer', 'contrastive_train', 'train_bi_encoder')
+TRAINERS = ('AMERTrainer', 'JPRTrainer', 'DiffRetrieverTrainer', 'BiEncoderTrainer')
 WORDS = ['who', 'won', 'the', 'cup', 'in', 'year', 'which', 'city', 'cats', 'heart', 'disease', 'protein', 'dogs',
          'brazil', 'france', 'italy']
 
@@ -57,8 +57,23 @@ def texts(count: int, length: int, seed: int):
     return [' '.join(rng.choice(WORDS, length)) + f' {i}' for i in range(count)]
 
 
+def question_frames(queries, positives, negatives=None):
+    """``(results, qrels, texts)``: question i's relevant passage p{i} and, where given, a first stage that ranks
+    its hard negative n{i} above it."""
+    import pandas as pd
+    qids = [str(i) for i in range(len(queries))]
+    qrels = pd.DataFrame({'qid': qids, 'docno': [f'p{i}' for i in qids], 'label': 1})
+    texts = {f'p{i}': t for i, t in zip(qids, positives)}
+    if negatives is None:
+        return pd.DataFrame({'qid': qids, 'query': queries}), qrels, texts
+    texts.update({f'n{i}': t for i, t in zip(qids, negatives)})
+    results = pd.DataFrame([{'qid': i, 'query': q, 'docno': d, 'rank': r} for i, q in zip(qids, queries)
+                            for d, r in ((f'n{i}', 0), (f'p{i}', 1))])
+    return results, qrels, texts
+
+
 def train(trainer: str, bert: Path, out: Path, float64: bool = False) -> dict:
-    """Trains a tiny model with ``trainer`` (contrastive_train: in float64 if asked); returns its weights (by
+    """Trains a tiny model with ``trainer`` (DiffRetrieverTrainer: in float64 if asked); returns its weights (by
     parameter name) and the training's wall time."""
     import torch
     torch.manual_seed(0)
@@ -88,19 +103,22 @@ def train(trainer: str, bert: Path, out: Path, float64: bool = False) -> dict:
         JPRTrainer(model, num_candidates=6, k=3, epochs=2, batch_size=8, train_candidates=4, learning_rate=1e-2,
                    verbose=False).fit(pd.DataFrame(results), pd.DataFrame(qrels))
         weights = {k: v for k, v in model.state_dict().items() if not k.startswith('passages.')}
-    elif trainer == 'contrastive_train':
-        from pyterrier_multiquery.diffretriever import DiffRetriever, contrastive_train
+    elif trainer == 'DiffRetrieverTrainer':
+        from pyterrier_multiquery.diffretriever import DiffRetriever, DiffRetrieverTrainer
         encoder = DiffRetriever.from_pretrained(str(bert), k_query=2, k_doc=2, vectors='masks', device='cpu')
         encoder.backbone.model.to(torch.float64 if float64 else torch.float32)
-        triples = list(zip(texts(16, 3, 1), texts(16, 6, 2), texts(16, 6, 3)))
-        contrastive_train(encoder, triples, lora=False, epochs=2, batch_size=8, lr=1e-3)
+        results, qrels, passages = question_frames(texts(16, 3, 1), texts(16, 6, 2), texts(16, 6, 3))
+        DiffRetrieverTrainer(encoder, passages, lora=False, epochs=2, batch_size=8, learning_rate=1e-3,
+                             verbose=False).fit(results, qrels)
         weights = encoder.backbone.model.state_dict()
     else:
-        import pandas as pd
         from sentence_transformers import SentenceTransformer
-        from pyterrier_multiquery.cdp.training import train_bi_encoder
-        pairs = pd.DataFrame({'query': texts(16, 3, 4), 'text': texts(16, 6, 5)})
-        train_bi_encoder(pairs, bert, out / 'bi_encoder', epochs=2, batch_size=8, learning_rate=1e-3)
+        from pyterrier_multiquery.training.bi_encoder import BiEncoderTrainer
+        results, qrels, passages = question_frames(texts(16, 3, 4), texts(16, 6, 5))
+        trainer = BiEncoderTrainer(bert, passages, hard_negatives=0, epochs=2, batch_size=8, learning_rate=1e-3,
+                                   verbose=False)
+        trainer.fit(results, qrels)
+        trainer.save(out / 'bi_encoder')
         weights = SentenceTransformer(str(out / 'bi_encoder'), device='cpu').state_dict()
     return {'weights': {k: v.detach().float().cpu().numpy() for k, v in weights.items()},
             'seconds': time.perf_counter() - start}
@@ -109,7 +127,7 @@ def train(trainer: str, bert: Path, out: Path, float64: bool = False) -> dict:
 def worker(bert: Path, out: Path) -> None:
     """Trains with every trainer in this process (one of several under ``accelerate launch``); the main process
     writes ``<trainer>.npz`` and ``seconds.json`` to ``out``, and a single process also the float64 reference
-    ``contrastive_train.float64.npz``."""
+    ``DiffRetrieverTrainer.float64.npz``."""
     from accelerate import PartialState
     out.mkdir(parents=True, exist_ok=True)
     seconds = {}
@@ -119,8 +137,8 @@ def worker(bert: Path, out: Path) -> None:
         if PartialState().is_main_process:
             np.savez(out / f'{trainer}.npz', **result['weights'])
     if PartialState().num_processes == 1:
-        exact = train('contrastive_train', bert, out, float64=True)
-        np.savez(out / 'contrastive_train.float64.npz', **exact['weights'])
+        exact = train('DiffRetrieverTrainer', bert, out, float64=True)
+        np.savez(out / 'DiffRetrieverTrainer.float64.npz', **exact['weights'])
     if PartialState().is_main_process:
         (out / 'seconds.json').write_text(json.dumps({'processes': PartialState().num_processes, **seconds}))
 
@@ -167,7 +185,7 @@ def main(argv=None) -> int:
         inert = inert_parameters(a) if trainer == 'JPRTrainer' else {}
         diff = largest_difference(a, b, inert)
         tolerance = args.atol
-        if trainer == 'contrastive_train':
+        if trainer == 'DiffRetrieverTrainer':
             exact = np.load(args.out / 'one' / f'{trainer}.float64.npz')
             tolerance = max(tolerance, 2 * largest_difference(a, exact))
         failed |= diff > tolerance

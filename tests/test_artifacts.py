@@ -89,7 +89,7 @@ def test_artifact_load_round_trip(kind, tiny_bert, tmp_path, declared_entry_poin
 
 
 def test_entry_points_name_the_types_of_their_classes():
-    from pyterrier_multiquery.cdp.training import BI_ENCODER_ARTIFACT, load_bi_encoder
+    from pyterrier_multiquery.training.bi_encoder import BI_ENCODER_ARTIFACT, load_bi_encoder
     for name, value in DECLARED.items():
         target = importlib.metadata.EntryPoint(name, value, 'pyterrier.artifact').load()
         if target is load_bi_encoder:  # a bi-encoder loads as pyterrier_dr's SBertBiEncoder, which has no type

@@ -2,7 +2,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pyterrier_multiquery.cdp.training import synthetic_pairs, train_bi_encoder
+from pyterrier_multiquery.cdp.training import synthetic_pairs
+from pyterrier_multiquery.training.bi_encoder import BiEncoderTrainer
+from pyterrier_multiquery.training.contrastive import hard_negative_triples
 
 WORDS = ['moon', 'apollo', 'landing', 'armstrong', 'einstein', 'gravity', 'relativity', 'theory', 'curie', 'radium',
          'nobel', 'prize', 'who', 'what', 'when', 'why']
@@ -44,7 +46,26 @@ def test_synthetic_pairs_take_the_first_m_queries(documents):
     pairs = synthetic_pairs(documents, num_queries=2)
     assert pairs['query'].tolist() == ['who moon', 'when landing', 'who relativity', 'what theory', 'why nobel']
     assert pairs['docno'].tolist() == ['d1', 'd1', 'd2', 'd2', 'd3']
+    assert pairs['qid'].tolist() == ['d1#0', 'd1#1', 'd2#0', 'd2#1', 'd3#0']
     assert len(synthetic_pairs(documents)) == 6
+
+
+def test_hard_negative_triples_take_the_first_stages_top_passages_that_are_not_relevant():
+    results = pd.DataFrame({'qid': ['q1'] * 4 + ['q2'] * 2, 'query': ['a'] * 4 + ['b'] * 2,
+                            'docno': ['d3', 'd1', 'd4', 'd2', 'd1', 'd2'], 'rank': [0, 1, 2, 3, 0, 1]})
+    qrels = pd.DataFrame({'qid': ['q1', 'q1', 'q2', 'q2', 'q3'], 'docno': ['d1', 'd2', 'd1', 'd2', 'd1'],
+                          'label': [1, 1, 1, 1, 1]})
+    texts = {f'd{i}': f'text {i}' for i in range(1, 5)}
+    triples = hard_negative_triples(results, qrels, texts, hard_negatives=2)
+    # q1: both relevant passages with its top two others (d3, d4); q2's top holds no other passage; q3 has no results
+    assert triples[['qid', 'docno']].values.tolist() == [['q1', 'd1']] * 2 + [['q1', 'd2']] * 2
+    assert triples['negative'].tolist() == ['text 3', 'text 4'] * 2 and triples['text'].tolist()[0] == 'text 1'
+    alone = hard_negative_triples(results[['qid', 'query']].drop_duplicates(), qrels, texts, hard_negatives=0)
+    assert alone['docno'].tolist() == ['d1', 'd2', 'd1', 'd2'] and 'negative' not in alone
+    with pytest.raises(ValueError, match="first stage's results"):
+        hard_negative_triples(results[['qid', 'query']], qrels, texts)
+    with pytest.raises(KeyError, match="no text for docno 'd2'"):
+        hard_negative_triples(results, qrels, {'d1': 'x', 'd3': 'y', 'd4': 'z'})
 
 
 def test_training_pulls_queries_to_their_documents_and_saves(tiny_sbert, documents, tmp_path, declared_entry_points):
@@ -60,10 +81,17 @@ def test_training_pulls_queries_to_their_documents_and_saves(tiny_sbert, documen
         return float(np.mean(own - sims.mean(axis=1)))
 
     before = margin(SentenceTransformer(str(tiny_sbert), device='cpu'))
-    out = train_bi_encoder(pairs, tiny_sbert, tmp_path / 'trained', epochs=30, batch_size=3, learning_rate=1e-3)
+    trainer = BiEncoderTrainer(tiny_sbert, dict(zip(documents['docno'], documents['text'])), hard_negatives=0,
+                               epochs=30, batch_size=3, learning_rate=1e-3, verbose=False)
+    history = trainer.fit(pairs, pairs.assign(label=1))
+    out = trainer.save(tmp_path / 'trained')
     after = margin(SentenceTransformer(str(out), device='cpu'))
     assert after > before + 0.05, (before, after)
+    assert len(history.curve) == 31 and len(history.losses) >= 60   # 6 pairs, 3 documents: 2 batches an epoch
+    assert history.curve[-1]['loss'] < history.curve[1]['loss']
     assert not any(p.name.startswith('.trained') for p in tmp_path.iterdir())  # no temporary folder left
+    import json
+
     import pyterrier as pt
     from pyterrier_dr import SBertBiEncoder
     loaded = pt.Artifact.load(str(out))  # through the bi_encoder.sentence_transformers entry point
@@ -71,9 +99,30 @@ def test_training_pulls_queries_to_their_documents_and_saves(tiny_sbert, documen
     np.testing.assert_allclose(loaded.encode_queries(['q a b']),
                                SentenceTransformer(str(out), device='cpu').encode(['q a b']),
                                atol=1e-5)
+    record = json.loads((out / 'training.json').read_text())
+    assert record['trainer'] == 'BiEncoderTrainer' and record['history'] == history.to_dict()
+
+
+def test_batches_never_hold_one_passage_twice(tiny_sbert, documents):
+    pairs = synthetic_pairs(documents)
+    trainer = BiEncoderTrainer(tiny_sbert, {}, hard_negatives=0, batch_size=3, verbose=False)
+    batches = trainer.batches(pairs)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(6))
+    assert all(pairs['docno'].iloc[b].is_unique for b in batches) and max(len(b) for b in batches) == 3
+
+
+def test_validation_scores_each_question_by_its_positive_against_its_negative(tiny_sbert):
+    texts = {'d1': 'moon apollo', 'd2': 'einstein theory', 'd3': 'curie radium'}
+    trainer = BiEncoderTrainer(tiny_sbert, texts, verbose=False)
+    results = pd.DataFrame({'qid': ['q1', 'q1', 'q1'], 'query': 'moon apollo', 'docno': ['d2', 'd1', 'd3'],
+                            'rank': [0, 1, 2]})
+    qrels = pd.DataFrame({'qid': ['q1'], 'docno': ['d1'], 'label': [1]})
+    scores = trainer.dev_scores(trainer.dev_examples(results, qrels))
+    assert scores.to_dict() == {'q1': 1.}   # the query's own text scores 1 against its passage, less against d2
 
 
 def test_training_rejects_too_few_pairs(tiny_sbert, tmp_path):
-    with pytest.raises(ValueError, match='at least two pairs'):
-        train_bi_encoder(pd.DataFrame({'query': ['q'], 'text': ['t']}), tiny_sbert, tmp_path / 'x')
-    assert not (tmp_path / 'x').exists()
+    trainer = BiEncoderTrainer(tiny_sbert, {'t': 't'}, hard_negatives=0, verbose=False)
+    with pytest.raises(ValueError, match='at least two'):
+        trainer.fit(pd.DataFrame({'qid': ['q'], 'query': ['q']}), pd.DataFrame({'qid': ['q'], 'docno': ['t'],
+                                                                              'label': [1]}))

@@ -14,7 +14,7 @@ from pyterrier_multiquery.diffretriever.encoder import MaskedBackbone  # noqa: E
 from pyterrier_multiquery.diffretriever.prompts import prompt_ids  # noqa: E402
 from pyterrier_multiquery.diffretriever.sparse import content_token_ids, sparse_weights  # noqa: E402
 from pyterrier_multiquery.experiment.systems import diffretriever  # noqa: E402
-from pyterrier_multiquery.diffretriever.training import contrastive_loss, contrastive_train, dense_scores  # noqa: E402
+from pyterrier_multiquery.diffretriever.training import DiffRetrieverTrainer, contrastive_loss, dense_scores  # noqa: E402
 
 WORDS = ['query', 'passage', 'use', 'one', 'word', 'words', 'to', 'represent', 'the', 'in', 'a', 'few', 'retrieval',
          'task', 'make', 'sure', 'your', 'is', 'are', 'lowercase', 'cats', 'dogs', 'heart', 'disease', 'protein',
@@ -257,12 +257,30 @@ TRIPLES = [('cats', 'cats and dogs', 'heart disease'), ('heart disease', 'the he
            ('protein', 'protein of cats', 'dogs')]
 
 
+def triple_frames(triples):
+    """``(results, qrels, texts)`` whose hard-negative triples are ``triples``: question i's first stage ranks its
+    negative n{i} above its relevant passage p{i}."""
+    results = pd.DataFrame([{'qid': str(i), 'query': q, 'docno': d, 'rank': r} for i, (q, _, _) in enumerate(triples)
+                            for d, r in ((f'n{i}', 0), (f'p{i}', 1))])
+    qrels = pd.DataFrame({'qid': [str(i) for i in range(len(triples))],
+                          'docno': [f'p{i}' for i in range(len(triples))], 'label': 1})
+    texts = {**{f'p{i}': t[1] for i, t in enumerate(triples)}, **{f'n{i}': t[2] for i, t in enumerate(triples)}}
+    return results, qrels, texts
+
+
+def fine_tune(encoder, triples, **settings):
+    """One DiffRetrieverTrainer run on ``triples``; returns its history."""
+    results, qrels, texts = triple_frames(triples)
+    return DiffRetrieverTrainer(encoder, texts, verbose=False, **settings).fit(results, qrels)
+
+
+
 @pytest.mark.parametrize('lora', [False, True])
 def test_one_training_step_lowers_the_loss(encoder, lora):
     torch.manual_seed(0)
     with torch.no_grad():
         before = float(contrastive_loss(encoder, TRIPLES))
-    losses = contrastive_train(encoder, TRIPLES, lora=lora, batch_size=3, lr=1e-3, max_steps=1)
+    losses = fine_tune(encoder, TRIPLES, lora=lora, batch_size=3, learning_rate=1e-3).losses
     with torch.no_grad():
         after = float(contrastive_loss(encoder, TRIPLES))
     if not lora:  # no dropout anywhere: the step's loss is the loss of the batch before the update
@@ -270,22 +288,35 @@ def test_one_training_step_lowers_the_loss(encoder, lora):
     assert after < before
 
 
+def test_validation_questions_score_every_epoch_and_choose_it(encoder):
+    results, qrels, texts = triple_frames(TRIPLES)
+    trainer = DiffRetrieverTrainer(encoder, texts, lora=False, epochs=2, batch_size=3, learning_rate=1e-3,
+                                   choose_epoch=True, verbose=False)
+    history = trainer.fit(results, qrels, results, qrels)
+    assert [c['epoch'] for c in history.curve] == [0, 1, 2] and history.best_epoch in (0, 1, 2)
+    assert all(c['dev'] in (0., 1 / 3, 2 / 3, 1.) for c in history.curve)   # three questions, right or wrong
+    scores = trainer.dev_scores(trainer.dev_examples(results, qrels))
+    assert float(scores.mean()) == history.curve[history.best_epoch]['dev']   # the kept epoch's weights
+
+
 def test_diffembed_training_step_lowers_the_loss(encoder):
     embed = DiffEmbed(encoder.backbone, device='cpu')
     with torch.no_grad():
         before = float(contrastive_loss(embed, TRIPLES))
-    contrastive_train(embed, TRIPLES, lora=False, batch_size=3, lr=1e-3, max_steps=1)
+    fine_tune(embed, TRIPLES, lora=False, batch_size=3, learning_rate=1e-3)
     with torch.no_grad():
         assert float(contrastive_loss(embed, TRIPLES)) < before
 
 
 def test_save_load_round_trip(encoder, tmp_path):
-    contrastive_train(encoder, TRIPLES, lora=True, batch_size=3, lr=1e-3, max_steps=1)
+    history = fine_tune(encoder, TRIPLES, lora=True, batch_size=3, learning_rate=1e-3)
     frame = pd.DataFrame({'docno': ['a'], 'text': ['cats and heart disease']})
     before = encoder.doc_encoder()(frame)
     encoder.save_pretrained(tmp_path / 'model')
     loaded = DiffRetriever.from_pretrained(str(tmp_path / 'model'), device='cpu')
     assert (loaded.k_query, loaded.k_doc, loaded.backbone.head) == (2, 3, 'lm')
+    assert loaded.training_record['history'] == history.to_dict()   # the training record travels with the model
+    assert loaded.training_record['trainer'] == 'DiffRetrieverTrainer' and loaded.training_record['lora'] is True
     after = loaded.doc_encoder()(frame)
     np.testing.assert_allclose(after['doc_embs'][0], before['doc_embs'][0], atol=1e-5)
     assert after['toks'][0].keys() == before['toks'][0].keys()
@@ -353,8 +384,8 @@ def test_token_vectors_are_the_text_tokens_states_of_the_same_pass(encoder, toke
     assert out['toks'].tolist() == masks['toks'].tolist()  # the sparse side reads the masks either way
     with pytest.raises(ValueError, match="vectors must be one of \\('masks', 'tokens'\\), got 'cls'"):
         DiffRetriever(encoder.backbone, vectors='cls')
-    with pytest.raises(ValueError, match="contrastive_train trains the mask positions' vectors"):
-        contrastive_train(tokens, [('cats', 'cats and dogs', 'heart disease')])
+    with pytest.raises(ValueError, match="DiffRetrieverTrainer trains the mask positions' vectors"):
+        DiffRetrieverTrainer(tokens, {})
 
 
 def test_token_vectors_are_saved_with_the_model(encoder, tmp_path):

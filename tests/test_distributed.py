@@ -1,6 +1,6 @@
 """Every trainer trains the same weights under ``accelerate launch`` (2 CPU processes) as in one process, after the
 same samples at the same global batch, to 1e-5 (JPR: but for its key biases, which its output does not depend on),
-or for contrastive_train to within its float32 rounding (see experiments/distributed_check.py, which does the
+or for DiffRetrieverTrainer to within its float32 rounding (see experiments/distributed_check.py, which does the
 runs)."""
 import re
 import subprocess
@@ -26,9 +26,9 @@ def differences(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('trainer', ['AMERTrainer', 'JPRTrainer', 'contrastive_train', 'train_bi_encoder'])
+@pytest.mark.parametrize('trainer', ['AMERTrainer', 'JPRTrainer', 'DiffRetrieverTrainer', 'BiEncoderTrainer'])
 def test_two_processes_train_the_weights_of_one(differences, trainer):
     diff, tolerance = differences[trainer]
-    # contrastive_train's tolerance is twice its one-process float32 run's distance from float64 (4.5e-4 when
+    # DiffRetrieverTrainer's tolerance is twice its one-process float32 run's distance from float64 (4.5e-4 when
     # measured, against a difference of 2.3e-4); it must stay below the learning rate (1e-3), an Adam step's size
-    assert diff <= tolerance <= (ATOL if trainer != 'contrastive_train' else 1e-3)
+    assert diff <= tolerance <= (ATOL if trainer != 'DiffRetrieverTrainer' else 1e-3)

@@ -48,7 +48,7 @@ def test_block_extraction_sees_marks_and_code(tmp_path):
 
 
 def test_resolve_names_the_missing_part():
-    assert resolve('pyterrier_multiquery.cdp.training.train_bi_encoder').__name__ == 'train_bi_encoder'
+    assert resolve('pyterrier_multiquery.cdp.training.synthetic_pairs').__name__ == 'synthetic_pairs'
     with pytest.raises(AttributeError, match='no_such_function'):
         resolve('pyterrier_multiquery.cdp.training.no_such_function')
 

@@ -115,17 +115,6 @@ def test_tune_qaencoder_keeps_each_methods_best_settings():
     assert len(tuned['grids']['hyb']) == 10
 
 
-def test_hard_negative_triples():
-    corpus = pd.DataFrame({'docno': ['a', 'b', 'c', 'd'],
-                           'text': ['moon landing', 'moon moon landing apollo', 'einstein', 'moon dust']})
-    topics = pd.DataFrame({'qid': ['1', '2', '3'], 'query': ['moon landing', 'einstein', 'apollo']})
-    qrels = pd.DataFrame({'qid': ['1', '1', '2', '3'], 'docno': ['b', 'a', 'c', 'b'], 'label': 1})
-    triples = systems.hard_negative_triples(corpus, topics, qrels, seed=0)
-    # query 1: judged a and b (a, the first by docno, is the positive), the best other match is d; query 2: BM25
-    # finds only its judged document c; query 3: BM25 finds only b, which is judged
-    assert triples == [('moon landing', 'moon landing', 'moon dust')]
-
-
 class _Corpus:
     def get_corpus_iter(self, verbose=False):
         yield {'docno': 'b', 'title': 'Cats', 'text': 'and dogs'}

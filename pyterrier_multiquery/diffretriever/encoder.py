@@ -198,7 +198,7 @@ class DiffRetriever(MultiVectorEncoder, SavedModel):
         ``vectors`` (in ``kwargs``) defaults to what a saved checkpoint was saved with, else ``'tokens'`` for a tied
         head (an encoder-only checkpoint such as all-MiniLM-L6-v2, whose mask positions no objective ever trained:
         read zero-shot they collapse, nDCG@10 0.00 on SciFact) and ``'masks'`` otherwise. Fine-tuning
-        (:func:`~pyterrier_multiquery.diffretriever.training.contrastive_train`) trains the mask positions: load
+        (:class:`~pyterrier_multiquery.diffretriever.training.DiffRetrieverTrainer`) trains the mask positions: load
         with ``vectors='masks'`` for it."""
         saved = Path(path).is_dir() and check_saved(path, cls, CONFIG_NAME)
         config = read_json(Path(path) / CONFIG_NAME) if saved else {}

@@ -1,14 +1,13 @@
 """Contrastive fine-tuning: InfoNCE over dense MaxSim (tau 0.01) plus InfoNCE over sparse dot products (tau 1),
 with a hard negative per query and the other queries' documents as in-batch negatives."""
-import random
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
-import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.diffretriever.lora import add_lora
 from pyterrier_multiquery.training.distributed import Share
+from pyterrier_multiquery.training.contrastive import ContrastiveTrainer, Texts
 from pyterrier_multiquery.training.losses import in_batch_infonce
 
 def dense_scores(queries, docs, mode: str):
@@ -86,45 +85,90 @@ def _forward(encoder, texts, k, side):
     return torch.nn.functional.normalize(hidden, dim=-1), logits, content
 
 
-def contrastive_train(encoder, triples: Sequence[Tuple[str, str, str]], *, mode: str = 'maxsim', sparse: bool = True,
-                      lora: bool = True, epochs: int = 1, batch_size: int = 8, lr: float = 1e-4,
-                      max_steps: Optional[int] = None, seed: int = 0, mixed_precision: Optional[str] = None,
-                      gradient_accumulation_steps: int = 1, verbose: bool = False) -> List[float]:
-    """Fine-tunes ``encoder`` (DiffRetriever or DiffEmbed) in place with AdamW; returns the loss of every step.
+class DiffRetrieverTrainer(ContrastiveTrainer):
+    """Fine-tunes a :class:`~pyterrier_multiquery.diffretriever.DiffRetriever` (its mask positions' dense and sparse
+    representations) or a :class:`~pyterrier_multiquery.diffretriever.DiffEmbed` in place, on
+    :func:`~pyterrier_multiquery.training.contrastive.hard_negative_triples` (one hard negative per relevant passage
+    at least), with InfoNCE over the batch's candidates (:func:`query_losses`).
 
     ``lora=True`` adds the paper's LoRA adapters through peft (r 16, alpha 64); ``lora=False`` trains every weight
-    (full fine-tuning, for small backbones). Save with ``encoder.save_pretrained`` (adapters merged).
-    ``batch_size`` triples make one step over all processes: under ``accelerate launch`` the processes share each
-    batch (see :mod:`~pyterrier_multiquery.training.distributed`), and ``mixed_precision`` (None: the launch's
-    setting) and ``gradient_accumulation_steps`` (micro-batches per batch) go to accelerate.
+    (full fine-tuning, for small backbones). Save with ``encoder.save_pretrained`` (adapters merged; the training
+    record with it). Under ``accelerate launch`` the processes share each batch (see
+    :mod:`~pyterrier_multiquery.training.distributed`).
     """
-    with requires('dense'):
-        import torch
-    from pyterrier_multiquery.training.distributed import DataParallel
-    if not triples:
-        raise ValueError('contrastive_train needs at least one (query, positive, negative) triple')
-    if getattr(encoder, 'vectors', 'masks') != 'masks':
-        raise ValueError("contrastive_train trains the mask positions' vectors: fine-tune a DiffRetriever with "
-                         f"vectors='masks' (this one reads vectors={encoder.vectors!r})")
-    if lora:
-        add_lora(encoder.backbone)
-    model = encoder.backbone.model
-    model.train()
-    optimiser = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
-    parallel = DataParallel(model, optimiser, mixed_precision=mixed_precision,
-                            gradient_accumulation_steps=gradient_accumulation_steps)
-    encoder.device = str(parallel.device)
-    rng = random.Random(seed)
-    losses = []
-    for _ in range(epochs):
-        order = list(triples)
-        rng.shuffle(order)
-        starts = range(0, len(order), batch_size)
-        for start in (pt.tqdm(starts, desc='training', unit='batch') if verbose else starts):
-            if max_steps is not None and len(losses) >= max_steps:
-                break
-            batch = order[start:start + batch_size]
-            losses.append(parallel.step(len(batch), lambda share, batch=batch: query_losses(
-                encoder, batch, share, mode=mode, sparse=sparse).sum()))
-    model.eval()
-    return losses
+    description = 'DiffRetriever'
+
+    def __init__(self, encoder, texts: Texts, *, mode: str = 'maxsim', sparse: bool = True, lora: bool = True,
+                 hard_negatives: int = 1, dense_temperature: float = 0.01, sparse_temperature: float = 1.0,
+                 learning_rate: float = 1e-4, epochs: int = 1, batch_size: int = 8, seed: int = 0,
+                 threads: Optional[int] = None, choose_epoch: bool = False, mixed_precision: Optional[str] = None,
+                 gradient_accumulation_steps: int = 1, verbose: bool = True):
+        """
+        Args:
+            encoder: The DiffRetriever (read with ``vectors='masks'``) or DiffEmbed to fine-tune.
+            texts: The passages' texts (:data:`~pyterrier_multiquery.training.contrastive.Texts`).
+            mode: The dense score, ``'maxsim'`` or ``'mean'`` (DiffRetriever).
+            sparse: Whether the sparse InfoNCE term joins the dense one (DiffRetriever).
+            lora: Train LoRA adapters (else every weight).
+            hard_negatives: Hard negatives per relevant passage (at least 1).
+            dense_temperature: The dense InfoNCE temperature.
+            sparse_temperature: The sparse InfoNCE temperature.
+            learning_rate: AdamW learning rate.
+            epochs: Passes over the triples.
+            batch_size: Triples per optimiser step (over all processes).
+            seed: Seed of the batches' order.
+            threads: torch's CPU threads while training (None: as they are).
+            choose_epoch: Keep the epoch that scores best on the validation questions.
+            mixed_precision: ``'no'``, ``'fp16'``, ``'bf16'``; None takes ``accelerate launch``'s setting.
+            gradient_accumulation_steps: Micro-batches per batch (one backward each).
+            verbose: Whether to show progress.
+        """
+        with requires('dense'):
+            import torch
+        from pyterrier_multiquery.training.distributed import DataParallel
+        if getattr(encoder, 'vectors', 'masks') != 'masks':
+            raise ValueError("DiffRetrieverTrainer trains the mask positions' vectors: fine-tune a DiffRetriever with "
+                             f"vectors='masks' (this one reads vectors={encoder.vectors!r})")
+        if hard_negatives < 1:
+            raise ValueError(f'DiffRetrieverTrainer needs a hard negative per triple, got {hard_negatives=}')
+        super().__init__(encoder, texts, hard_negatives=hard_negatives, temperature=dense_temperature,
+                         learning_rate=learning_rate, epochs=epochs, batch_size=batch_size, seed=seed,
+                         threads=threads, choose_epoch=choose_epoch, verbose=verbose)
+        self.mode, self.sparse, self.lora, self.sparse_temperature = mode, sparse, lora, sparse_temperature
+        if lora:
+            add_lora(encoder.backbone)
+        model = encoder.backbone.model
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=learning_rate)
+        self.parallel = DataParallel(model, self.optimizer, mixed_precision=mixed_precision,
+                                     gradient_accumulation_steps=gradient_accumulation_steps)
+        encoder.device = str(self.parallel.device)
+
+    @property
+    def module(self):
+        return self.model.backbone.model
+
+    def record(self) -> dict:
+        return {**super().record(), 'mode': self.mode, 'sparse': self.sparse, 'lora': self.lora,
+                'sparse_temperature': self.sparse_temperature}
+
+    def optimiser_step(self, batch) -> float:
+        self.module.train()
+        triples = list(zip(batch['query'], batch['text'], batch['negative']))
+        loss = self.parallel.step(len(triples), lambda share: query_losses(
+            self.model, triples, share, mode=self.mode, dense_tau=self.temperature, sparse_tau=self.sparse_temperature,
+            sparse=self.sparse).sum())
+        self.module.eval()
+        return loss
+
+    def pair_scores(self, queries: List[str], passages: List[str]) -> np.ndarray:
+        """The dense score of each query with the passage beside it (in batches)."""
+        from pyterrier_multiquery.diffretriever.reference_encoders import DiffEmbed
+        scores = []
+        for begin in range(0, len(queries), self.batch_size):
+            q, p = queries[begin:begin + self.batch_size], passages[begin:begin + self.batch_size]
+            if isinstance(self.model, DiffEmbed):
+                scores.append((self.model.pooled(q) * self.model.pooled(p)).sum(-1))
+            else:
+                scores.append(dense_scores(_forward(self.model, q, self.model.k_query, 'query')[0],
+                                           _forward(self.model, p, self.model.k_doc, 'doc')[0], self.mode).diagonal())
+        return np.concatenate([s.float().cpu().numpy() for s in scores])

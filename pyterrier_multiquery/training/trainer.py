@@ -116,7 +116,12 @@ class Trainer:
         self.departure = departure
         self.verbose = verbose
         if device is not None:
-            model.to(device)
+            self.module.to(device)
+
+    @property
+    def module(self):
+        """The torch module whose weights train (the model itself, unless a subclass says otherwise)."""
+        return self.model
 
     def examples(self, topics_or_res: pd.DataFrame, qrels: pd.DataFrame):
         """The training examples of a frame and its qrels."""
@@ -183,7 +188,7 @@ class Trainer:
             score = float(self.dev_scores(dev).mean()) if dev is not None else None
             history.curve.append({'epoch': epoch, 'loss': loss, 'dev': score})
             if self.choose_epoch and (epoch == 0 or score > best[0]):
-                best[:] = [score, epoch, copy.deepcopy(self.model.state_dict())]
+                best[:] = [score, epoch, copy.deepcopy(self.module.state_dict())]
 
         best = [None, 0, None]
         validate(0, None)
@@ -205,7 +210,7 @@ class Trainer:
         history.best_epoch = self.epochs
         if self.choose_epoch:
             history.best_epoch = best[1]
-            self.model.load_state_dict(best[2])
+            self.module.load_state_dict(best[2])
         if self.departure == 'one_se':
             scores = {}
             for weight in DEPARTURE_GRID:
