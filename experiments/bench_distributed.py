@@ -50,12 +50,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from pyterrier_multiquery.experiment.evaluation import write_report
+from pyterrier_multiquery.index import ShardedMultiVectorIndex
+from pyterrier_multiquery.index.maxsim import merge_top
 
-from pyterrier_multiquery.experiment.evaluation import write_report  # noqa: E402
-from pyterrier_multiquery.index import ShardedMultiVectorIndex  # noqa: E402
-from pyterrier_multiquery.index.maxsim import merge_top  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 NUM_RESULTS = 1000
 SHARDS = 4

@@ -7,51 +7,47 @@ from pyterrier_multiquery._lazy import lazy_getattr
 
 __version__ = '0.1.0'
 
+#: The public surface: operators, indexes, models, trainers, the measures and the loader (30 names). Statistics and
+#: analysis live in their submodules: ``pyterrier_multiquery.analysis`` (``paired_bootstrap``, distances),
+#: ``pyterrier_multiquery.cdp`` (content words, Self-BLEU, ...), ``pyterrier_multiquery.loaders`` (each collection's
+#: dataset class), ``pyterrier_multiquery.measures`` (``answer_coverage``), ``pyterrier_multiquery.generation``
+#: (``parse_queries``).
 _ATTRIBUTES = {
-    'MRecall': 'measures',
-    'AnswerRecall': 'measures',
-    'answer_coverage': 'measures',
-    'load_dataset': 'loaders',
-    'BeirDataset': 'loaders',
-    'TrecDataset': 'loaders',
-    'RamDocsDataset': 'loaders',
-    'MusiqueDataset': 'loaders',
+    # operators
     'MMR': 'baselines',
-    'minilm': 'baselines',
-    'bm25': 'baselines',
-    'LuceneIndex': 'lucene',
-    'flex_index': 'baselines',
-    'target_distances': 'analysis',
-    'distance_quartiles': 'analysis',
-    'low_similarity_subset': 'analysis',
-    'paired_bootstrap': 'analysis',
-    'MultiVectorIndex': 'index',
-    'ShardedMultiVectorIndex': 'index',
-    'HuggingFaceGenerator': 'generation',
-    'OpenAICompatibleGenerator': 'generation',
-    'parse_queries': 'generation',
     'QueryGenerator': 'generation',
     'KeywordExpansion': 'generation',
     'QAEncoder': 'qaencoder',
-    'content_words': 'cdp',
-    'content_word_count': 'cdp',
-    'diversity_advice': 'cdp',
-    'self_bleu': 'cdp',
-    'paraphrase_ratio': 'cdp',
-    'dist_sim': 'cdp',
-    'len_sim': 'cdp',
-    'complexity_regression': 'cdp',
-    'condition_correlations': 'cdp',
+    'AMER': 'amer',
     'JPR': 'jpr',
     'IndepPR': 'jpr',
     'DiffRetriever': 'diffretriever',
     'DiffEmbed': 'diffretriever',
     'PromptReps': 'diffretriever',
     'HybridRetriever': 'diffretriever',
-    'AMER': 'amer',
+    'BackOff': 'training.backoff',
+    # encoders and generators
+    'minilm': 'baselines',
+    'HuggingFaceGenerator': 'generation',
+    'OpenAICompatibleGenerator': 'generation',
+    # indexes
+    'MultiVectorIndex': 'index',
+    'ShardedMultiVectorIndex': 'index',
+    'bm25': 'baselines',
+    'flex_index': 'baselines',
+    'LuceneIndex': 'lucene',
+    # models and their trainers
     'AMERModel': 'amer',
     'EncoderAMERModel': 'amer',
-    'BackOff': 'training.backoff',
+    'AMERTrainer': 'amer',
+    'JPRModel': 'jpr',
+    'JPRTrainer': 'jpr',
+    'DiffRetrieverTrainer': 'diffretriever',
+    'BiEncoderTrainer': 'training.bi_encoder',
+    # measures and data
+    'MRecall': 'measures',
+    'AnswerRecall': 'measures',
+    'load_dataset': 'loaders',
 }
 
 __all__ = list(_ATTRIBUTES)

@@ -75,3 +75,72 @@ def test_pyterrier_is_imported_before_pyterrier_alpha():
                 if 'pyterrier' in names else 'pyterrier_alpha' in names:
             offenders.append(module_name(file))
     assert offenders == []
+
+
+#: The layers of docs/architecture.md, top to bottom: the harness; one package per method; the shared parts (the
+#: package's root, which holds only ``__version__`` and its lazy names, counts as shared).
+METHODS = ('amer', 'diffretriever', 'jpr', 'qaencoder', 'cdp', 'baselines')
+
+
+def part(module: str) -> str:
+    """The top-level part of the package a module belongs to (``amer``, ``index``, ``experiment``, ...)."""
+    return module.removeprefix('pyterrier_multiquery').lstrip('.').split('.')[0]
+
+
+def layer(module: str) -> int:
+    """2 for the harness, 1 for a method's package, 0 for the shared parts."""
+    return 2 if is_harness(module) else 1 if part(module) in METHODS else 0
+
+
+def layer_violations(graph: dict) -> list:
+    """The imports that go up a layer, or from one method's package into another's."""
+    return sorted(f'{module} -> {imported}' for module, imports in graph.items() for imported in imports
+                  if layer(imported) > layer(module)
+                  or (layer(module) == layer(imported) == 1 and part(module) != part(imported)))
+
+
+def test_every_import_goes_down_the_layers_of_the_architecture():
+    assert layer_violations(import_graph()) == []
+
+
+def test_the_layer_check_finds_an_import_up_or_across():
+    graph = import_graph()
+    graph['pyterrier_multiquery.index.mean'] = graph['pyterrier_multiquery.index.mean'] | {
+        'pyterrier_multiquery.baselines'}
+    graph['pyterrier_multiquery.jpr.model'] = graph['pyterrier_multiquery.jpr.model'] | {
+        'pyterrier_multiquery.amer.model'}
+    assert layer_violations(graph) == ['pyterrier_multiquery.index.mean -> pyterrier_multiquery.baselines',
+                                       'pyterrier_multiquery.jpr.model -> pyterrier_multiquery.amer.model']
+
+
+def test_the_top_level_offers_operators_indexes_models_and_trainers_only():
+    import re
+
+    import pyterrier as pt
+
+    import pyterrier_multiquery as pm
+    assert len(pm.__all__) <= 30
+    kinds = {name: getattr(pm, name) for name in pm.__all__}
+    # functions that return an operator, an index or a collection, and the measures (ir_measures objects)
+    factories = {'minilm', 'bm25', 'flex_index', 'load_dataset', 'MRecall', 'AnswerRecall'}
+    for name, value in kinds.items():
+        assert isinstance(value, type) or name in factories, name
+    assert {n for n, v in kinds.items() if isinstance(v, type) and issubclass(v, pt.Transformer)} >= {
+        'MMR', 'AMER', 'JPR', 'IndepPR', 'DiffRetriever', 'QAEncoder', 'BackOff'}
+    assert {n for n in pm.__all__ if n.endswith('Trainer')} == {
+        'AMERTrainer', 'JPRTrainer', 'DiffRetrieverTrainer', 'BiEncoderTrainer'}
+    assert not {'paired_bootstrap', 'self_bleu', 'content_words', 'answer_coverage'} & set(pm.__all__)
+    readme = (PACKAGE.parent / 'README.md').read_text()
+    imported = {name.strip() for line in re.findall(r'from pyterrier_multiquery import ([^\n(]+)', readme)
+                for name in line.split(',')}
+    assert imported and imported <= set(pm.__all__), imported - set(pm.__all__)
+    for module, names in re.findall(r'from (pyterrier_multiquery\.[\w.]+) import ([^\n(]+)', readme):
+        offered = {name.strip() for name in names.split(',')} & set(pm.__all__)
+        assert not offered, f'the README imports {offered} from {module}: the top level offers them'
+
+
+def test_experiments_import_the_installed_package():
+    """No experiment puts the checkout on ``sys.path``: they run against the package as installed."""
+    scripts = sorted((PACKAGE.parent / 'experiments').rglob('*.py'))
+    assert scripts
+    assert [str(s.relative_to(PACKAGE.parent)) for s in scripts if 'sys.path.insert' in s.read_text()] == []
