@@ -196,6 +196,10 @@ class DigestingIterable:
             self._digest.update(record_bytes(record))
             yield record
 
+    def __len__(self) -> int:
+        """The number of records, where the iterable knows it (a ``TypeError`` otherwise, as ``len()`` gives)."""
+        return len(self._records)
+
     def hexdigest(self) -> str:
         """The SHA-256 of the records read so far."""
         return self._digest.hexdigest()

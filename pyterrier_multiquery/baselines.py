@@ -83,8 +83,11 @@ def flex_index(path: PathLike, encoder: Optional[pt.Transformer], corpus: Option
         from pyterrier_dr import FlexIndex
 
     def build(tmp: str, docs: Iterable[dict]) -> None:
+        # our bar over the documents read, with the corpus's size where known (pyterrier_dr's counts vectors
+        # written, past a peek that hides any size)
+        docs = pt.tqdm(docs, desc=f'indexing {path}', unit='doc', disable=not verbose)
         records = more_itertools.peekable(docs)
-        indexer = FlexIndex(tmp, verbose=verbose).indexer()
+        indexer = FlexIndex(tmp, verbose=False).indexer()
         (indexer if 'doc_vec' in records.peek({}) else encoder.doc_encoder() >> indexer).index(records)
 
     build_once(path, build, corpus, settings={'encoder': None if encoder is None else encoder_digest(encoder)},

@@ -57,11 +57,12 @@ class LocalDataset(pt.datasets.Dataset):
         return self._qrels(variant or self.default_variant)
 
     def get_corpus_iter(self, *, verbose: bool = True) -> Iterator[Dict[str, str]]:
-        """Yields the documents as dicts with ``docno`` and ``text``."""
-        it = self._corpus()
+        """Yields the documents as dicts with ``docno`` and ``text``; the iterator has a length where the corpus size
+        is known, so that the bars of whatever reads it (an indexer's) show their total."""
+        size = self.corpus_size()
         if verbose:
-            it = pt.tqdm(it, desc=f'{self.name} corpus', unit='d', total=self.corpus_size())
-        return it
+            return pt.tqdm(self._corpus(), desc=f'{self.name} corpus', unit='d', total=size)
+        return self._corpus() if size is None else SizedIterator(self._corpus(), size)
 
     def text_loader(self, fields: Union[str, Sequence[str]] = '*', *, verbose: bool = False) -> pt.Transformer:
         """A transformer that adds the corpus fields of each row's ``docno``, so ``pt.text.get_text(dataset)`` works.
@@ -153,6 +154,13 @@ class BeirDataset(LocalDataset):
         qids = set(self._qrels(variant)['qid'])
         rows = [{'qid': q['_id'], 'query': q['text']} for q in _iter_jsonl(self.path / 'queries.jsonl')]
         return pd.DataFrame([r for r in rows if r['qid'] in qids], columns=['qid', 'query'])
+
+    def corpus_size(self) -> int:
+        """The number of documents: the non-blank lines of ``corpus.jsonl`` (counted once, a pass over the file)."""
+        if getattr(self, '_corpus_size', None) is None:
+            with open(self.path / 'corpus.jsonl', 'rb') as f:
+                self._corpus_size = sum(1 for line in f if line.strip())
+        return self._corpus_size
 
     def _corpus(self):
         for doc in _iter_jsonl(self.path / 'corpus.jsonl'):
@@ -486,6 +494,22 @@ def load_dataset(spec: PathLike) -> pt.datasets.Dataset:
         return MusiqueDataset(path, split=corpus_files[0].name[len('musique_'):-len('_corpus.json')])
     raise ValueError(f'cannot tell what collection {spec!r} holds: expected corpus.jsonl (BEIR), corpus.trec '
                      f'(TREC), a RAMDocs .jsonl, musique_*.json files or a HotpotQA .json/.jsonl file')
+
+
+class SizedIterator:
+    """An iterator whose length is known in advance (``len()`` gives it), for progress bars."""
+
+    def __init__(self, items: Iterator, size: int):
+        self._items, self._size = items, size
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._items)
+
+    def __len__(self) -> int:
+        return self._size
 
 
 def _iter_jsonl(path: Path) -> Iterator[dict]:

@@ -140,6 +140,19 @@ def test_default_retriever_searches_with_the_calibrated_count(clustered):
     assert np.mean(overlap) >= 0.95   # queries near documents, as the sampled documents are
 
 
+def test_building_faiss_and_calibrating_announce_themselves_once(clustered, capfd):
+    """A quiet retriever's first approximate search shows the FAISS build's and the calibration's progress (they
+    take minutes on a large index); the next search, which reuses both, shows nothing."""
+    index, queries = clustered
+    capfd.readouterr()
+    approximate(index, search_effort=None, verbose=False)(queries)
+    shown = capfd.readouterr().err
+    assert 'FAISS IVF' in shown and 'training on' in shown and 'adding 6,000 vectors' in shown
+    assert f'calibrating the ivf search of {index.path}' in shown
+    approximate(index, search_effort=None, verbose=False)(queries)
+    assert capfd.readouterr().err == ''
+
+
 def test_calibration_is_kept_per_build_and_redone_after_a_rebuild(tmp_path, monkeypatch):
     index, _ = build(tmp_path / 'index')
     timings(monkeypatch, approx_s=1., exact_s=2.)

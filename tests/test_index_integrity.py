@@ -193,15 +193,15 @@ def test_a_faiss_stage_opened_for_a_replaced_build_says_so(tmp_path, monkeypatch
     stale = index.payload()
     MultiVectorIndex(index.path, verbose=False).indexer(overwrite=True).index(tagged(2))
     if faiss_file == 'of the new build':
-        ann.load_or_build(index, 'flat', verbose=False)
+        ann.load_or_build(index, 'flat')
     elif faiss_file == 'gone when opened':
-        ann.load_or_build(index, 'flat', verbose=False)
+        ann.load_or_build(index, 'flat')
 
         def vanished(path, *args):
             raise FileNotFoundError(path)
         monkeypatch.setattr(ann, 'open', vanished, raising=False)
     with pytest.raises(CorruptIndexError, match='replaced by another build while this search opened it'):
-        ann.load_or_build(index, 'flat', verbose=False, payload=stale)
+        ann.load_or_build(index, 'flat', payload=stale)
     assert [f.name for f in index.path.glob('*.faiss')] == (['ann.Flat.faiss'] if faiss_file != 'none yet' else [])
 
 

@@ -40,7 +40,7 @@ def per_query_reference(index, queries, candidates, aggregate, num_results):
     than ``num_results`` documents (of an index holding that many) has every document scored instead."""
     from pyterrier_multiquery.index.ann import load_or_build
     _, vectors, offsets, _ = index.payload()
-    _, hits = load_or_build(index, 'flat', verbose=False).search(np.concatenate(queries), candidates)
+    _, hits = load_or_build(index, 'flat').search(np.concatenate(queries), candidates)
     hit_docs = np.searchsorted(offsets, hits, side='right') - 1
     rankings, row = [], 0
     for query in queries:
@@ -192,7 +192,7 @@ def test_ivf_sq8_candidate_stage(data):
     from pyterrier_multiquery.index.ann import load_or_build
     _, indexes, queries = data
     index = indexes['float32']
-    ann = faiss.downcast_index(load_or_build(index, 'ivf', 'SQ8', verbose=False))
+    ann = faiss.downcast_index(load_or_build(index, 'ivf', 'SQ8'))
     assert isinstance(ann, faiss.IndexIVFScalarQuantizer) and ann.sq.qtype == faiss.ScalarQuantizer.QT_8bit
     # one byte a dimension and the vector's 8-byte id in its list, beside IVF-Flat's four bytes a dimension
     files = {path.name: path.stat().st_size for path in index.path.glob('ann.IVF*.faiss')}

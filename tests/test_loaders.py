@@ -232,3 +232,24 @@ def test_the_shared_hotpotqa_copy(data_dir):
         qrels = dataset.get_qrels()
     assert len(dataset.get_topics()) == 500 and dataset.corpus_size() == 4920
     assert (len(qrels), qrels['qid'].nunique()) == (573, 422)
+
+
+def test_bars_over_a_corpus_of_known_size_show_their_total(tmp_path, capfd):
+    """A BEIR corpus's size is known (its lines), so the corpus's own bar and an indexer's bar over it count to it."""
+    from pyterrier_multiquery import flex_index, minilm
+    from pyterrier_multiquery._files import DigestingIterable
+    folder = tmp_path / 'beir'
+    (folder / 'qrels').mkdir(parents=True)
+    (folder / 'corpus.jsonl').write_text(''.join(f'{{"_id": "d{i}", "title": "", "text": "passage {i}"}}\n\n'
+                                                 for i in range(5)))   # blank lines are no documents
+    (folder / 'queries.jsonl').write_text('{"_id": "q1", "text": "passage"}\n')
+    (folder / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\nq1\td1\t1\n')
+    dataset = load_dataset(folder)
+    assert dataset.corpus_size() == 5 and len(dataset.get_corpus_iter(verbose=False)) == 5
+    assert len(DigestingIterable(dataset.get_corpus_iter(verbose=False))) == 5
+    assert len(list(dataset.get_corpus_iter(verbose=False))) == 5
+    capfd.readouterr()
+    list(dataset.get_corpus_iter(verbose=True))
+    flex_index(tmp_path / 'minilm.flex', minilm(), lambda: dataset.get_corpus_iter(verbose=False))
+    bars = capfd.readouterr().err.replace('\r', '\n')
+    assert 'corpus: 100%' in bars and f'indexing {tmp_path / "minilm.flex"}: 100%' in bars and '5/5' in bars

@@ -65,13 +65,13 @@ def ann_file(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, paylo
 STAMP_MAGIC = b'MVI-ANN1'
 
 
-def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, verbose: bool = True,
-                  payload=None):
+def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, payload=None):
     """Loads the FAISS index of ``index``'s vectors for (kind, quantizer), building and caching it the first time.
 
     The FAISS file lives in the index folder, written under a temporary name and renamed once complete (the
     temporary files of killed builds are removed). It is stamped with the build of the index it was made from and
-    its checksum, both checked when it loads.
+    its checksum, both checked when it loads. A build announces itself with a progress bar whatever the search's
+    ``verbose`` (it happens once an index and takes minutes on a large one): training, then adding the vectors.
 
     Args:
         payload: ``index.payload()``, where the caller has it (the FAISS index is then of that very build).
@@ -112,11 +112,13 @@ def load_or_build(index, kind: str = 'ivf', quantizer: Optional[str] = None, *, 
         lists = faiss.extract_index_ivf(ann).nlist if kind == 'ivf' else 0
         sample_size = min(meta['vec_count'], max(100_000, 40 * lists))  # FAISS asks for >= 39 points a list
         sample = np.sort(rng.choice(meta['vec_count'], sample_size, replace=False))
-        ann.train(np.ascontiguousarray(vectors[sample], dtype=np.float32))
+        with pt.tqdm(total=1, desc=f'FAISS {factory} for {index.path}: training on {sample_size:,} vectors',
+                     unit='step') as bar:
+            ann.train(np.ascontiguousarray(vectors[sample], dtype=np.float32))
+            bar.update()
     chunk = 65_536
-    starts = range(0, meta['vec_count'], chunk)
-    if verbose:
-        starts = pt.tqdm(starts, desc=f'building {factory}', unit='chunk')
+    starts = pt.tqdm(range(0, meta['vec_count'], chunk), desc=f'FAISS {factory} for {index.path}: adding '
+                     f'{meta["vec_count"]:,} vectors', unit='chunk')
     for start in starts:
         block = np.ascontiguousarray(vectors[start:start + chunk], dtype=np.float32)
         if not np.isfinite(block).all():
@@ -213,7 +215,7 @@ class CandidateStage:
     shards."""
 
     def __init__(self, shard, kind: str, quantizer: Optional[str], device: str, *, first: int = 0,
-                 verbose: bool = False, payload=None):
+                 payload=None):
         """
         Args:
             shard: The :class:`MultiVectorIndex`.
@@ -221,7 +223,6 @@ class CandidateStage:
             quantizer: FAISS storage (as :func:`faiss_factory`).
             device: Where FAISS searches (a GPU with faiss-gpu, else the CPU).
             first: The docid of the shard's first document in its sharded index.
-            verbose: Whether to show progress when a FAISS index is built.
             payload: ``shard.payload()``, where the caller has it (the FAISS index is then of that very build).
         """
         payload = shard.payload() if payload is None else payload
@@ -232,7 +233,7 @@ class CandidateStage:
         self.vector_docs = np.append(np.repeat(docids, counts), docids.dtype.type(-1))
         self.first = first
         self.kind = kind
-        self.ann = to_device(load_or_build(shard, kind, quantizer, verbose=verbose, payload=payload), device)
+        self.ann = to_device(load_or_build(shard, kind, quantizer, payload=payload), device)
         self.lock = threading.Lock()   # the effort is the FAISS index's own setting, set for each search
 
     def search(self, vectors: np.ndarray, k: int, search_effort: int) -> Tuple[np.ndarray, np.ndarray]:

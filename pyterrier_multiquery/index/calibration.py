@@ -19,6 +19,7 @@ from typing import Optional
 
 import numpy as np
 import pandas as pd
+import pyterrier as pt
 
 from pyterrier_multiquery._files import building
 from pyterrier_multiquery.index.errors import CorruptIndexError
@@ -172,9 +173,12 @@ def calibrate(retriever) -> Calibration:
     if doc_count <= TOP + 1:   # every document is in every top 10
         return Calibration(None, efforts[0], 1., float('nan'), exact_times[0], {})
     tried, reached, last = {}, {}, None
+    bar = pt.tqdm(total=len(efforts) * len(CANDIDATE_COUNTS) + REPEATS - 1, unit='setting',
+                  desc=f'calibrating the {retriever.ann} search of {index.path} (once per build and device)')
     for effort in efforts:
         tried[effort] = {}
         for count in CANDIDATE_COUNTS:
+            bar.update()
             approx = search(exact=False, candidates=count, search_effort=effort)
             found = _top_others(approx(queries))   # the first search also loads (or builds) the FAISS index
             recall = float(np.mean([len(set(found.get(qid, ())) & set(top)) / len(top) for qid, top in truth.items()]))
@@ -186,13 +190,17 @@ def calibrate(retriever) -> Calibration:
             if recall >= TARGET_RECALL:
                 reached[effort] = (approx, recall, [seconds])
                 break
+    bar.total = bar.n + (REPEATS - 1 if reached else 0)   # the counts left untried once one sufficed
     if not reached:
+        bar.close()
         effort, recall, seconds = last
         return Calibration(None, effort, recall, seconds, min(exact_times), tried)
     for _ in range(REPEATS - 1):
+        bar.update()
         exact_times.append(_seconds(exact, queries))
         for approx, _, times in reached.values():
             times.append(_seconds(approx, queries))
+    bar.close()
     effort = min(reached, key=lambda e: np.median(reached[e][2]))
     approx, recall, times = reached[effort]
     approx_s, exact_s = float(np.median(times)), float(np.median(exact_times))

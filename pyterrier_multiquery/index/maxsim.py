@@ -154,8 +154,8 @@ class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
         elif effort is None:
             effort = DEFAULT_SEARCH_EFFORT
         hits = merge_hits(shards.map('ann_hits', np.concatenate(queries), candidates, kind=self.ann,
-                                     quantizer=self.quantizer, search_effort=effort, device=self.device,
-                                     verbose=self.verbose), candidates)[1]
+                                     quantizer=self.quantizer, search_effort=effort, device=self.device),
+                           candidates)[1]
         vector_counts = np.array([len(q) for q in queries])
         first_rows = np.cumsum(vector_counts) - vector_counts
         batches = []

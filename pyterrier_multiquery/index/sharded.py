@@ -245,8 +245,8 @@ class ShardedMultiVectorIndexer(pt.Indexer):
             whole, rest = divmod(len(inp), self.num_shards)
             sizes = [whole + (k < rest) for k in range(self.num_shards)]
         records = iter(inp)
-        if self.index_ref.verbose:
-            records = iter(pt.tqdm(records, desc='indexing', unit='doc'))
+        if self.index_ref.verbose:   # a total where the input has a length (a corpus of known size)
+            records = iter(pt.tqdm(inp, desc='indexing', unit='doc'))
         with building(path) as tmp:
             tmp.mkdir()
             groups = _consecutive(records, sizes)

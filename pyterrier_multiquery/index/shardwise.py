@@ -134,7 +134,7 @@ class ShardSearcher:
         return self._max_norm[meta['build_id']]
 
     def ann_hits(self, vectors: np.ndarray, k: int, *, kind: str, quantizer: Optional[str], search_effort: int,
-                 device: str, verbose: bool = False):
+                 device: str):
         """The ``k`` nearest stored vectors of each query vector (as :meth:`~.ann.CandidateStage.search`); the FAISS
         index is loaded (or built) once for every search effort, again when the shard is rebuilt."""
         from pyterrier_multiquery.index.ann import CandidateStage
@@ -142,7 +142,7 @@ class ShardSearcher:
         key = (kind, quantizer, device)
         if key not in self._stages or self._stages[key][0] is not payload[0]:
             self._stages[key] = (payload[0], CandidateStage(self.shard, kind, quantizer, device, first=self.first,
-                                                            verbose=verbose, payload=payload))
+                                                            payload=payload))
         return self._stages[key][1].search(vectors, k, search_effort)
 
     def rescore(self, batches, queries: List[np.ndarray], *, qids: list, **settings) -> list:
