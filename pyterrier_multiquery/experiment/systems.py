@@ -168,7 +168,7 @@ def jpr(stage: pt.Transformer, dataset, model, *, num_candidates: int = 20, k: i
         stage: The first stage (MiniLM, AMER, ...): a retriever of ``qid``, ``query``, ``docno``, ``score``, ``rank``.
         dataset: A PyTerrier dataset with a ``text_loader``.
         model: A :class:`~pyterrier_multiquery.jpr.JPRModel` or the folder it was saved to.
-        num_candidates: |B|, the first-stage passages JPR chooses from.
+        num_candidates: ``|B|``, the first-stage passages JPR chooses from.
         k: Passages JPR chooses.
         decode: ``'tree'``, ``'seq'`` or ``'independent'``.
         beta: TreeDecode's length-penalty exponent.

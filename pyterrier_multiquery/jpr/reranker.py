@@ -40,7 +40,7 @@ class JPR(DerivedIdentity, pt.Transformer):
         Args:
             model: A trained :class:`~pyterrier_multiquery.jpr.model.JPRModel` or the folder it was saved to.
             k: Passages chosen per query.
-            num_candidates: Top input passages per query the model chooses from (|B|).
+            num_candidates: Top input passages per query the model chooses from (``|B|``).
             decode: ``'tree'`` (TreeDecode), ``'seq'`` (SeqDecode) or ``'independent'`` (top k of the first step).
             beta: TreeDecode's length-penalty exponent.
             seed: Seed of the index-number order.

@@ -37,7 +37,7 @@ class JPRTrainer(Trainer):
     ``score``: each question's top ``num_candidates`` are its candidates (:func:`jpr_examples`, in the rerankers'
     index order). The validation questions are scored by the mean of MRecall@(k/2) and MRecall@k of the greedy
     selections. Every epoch each question contributes ``train_candidates`` of its candidates (the paper trains on a
-    quarter of |B|): the passages of its greedy answer cover (Algorithm 2) first, then others drawn at random,
+    quarter of ``|B|``): the passages of its greedy answer cover (Algorithm 2) first, then others drawn at random,
     in a random index order. The modes:
 
     - ``'dynamic_oracle'``: the positives are the cover of that subset (at most ``k``); the prefix is the
@@ -64,7 +64,7 @@ class JPRTrainer(Trainer):
         Args:
             model: The model to train.
             mode: One of ``'dynamic_oracle'``, ``'teacher_forcing'``, ``'independent'``.
-            num_candidates: |B|, each question's candidates (the rerankers' ``num_candidates``).
+            num_candidates: ``|B|``, each question's candidates (the rerankers' ``num_candidates``).
             k: The most passages in a training prefix, and the validation cutoff.
             gamma: Temperature of the Gumbel top-k negatives.
             train_candidates: Candidates per question in one training example (default: a quarter of
@@ -275,7 +275,7 @@ def jpr_examples(results: pd.DataFrame, qrels: pd.DataFrame, *, num_candidates: 
     Args:
         results: A result frame with ``qid``, ``query``, ``docno``, ``text`` and ``score``.
         qrels: Multi-answer qrels (``qid``, ``docno``, ``label``, the answer id in ``iteration``).
-        num_candidates: |B|, candidates per question.
+        num_candidates: ``|B|``, candidates per question.
         seed: Seed of the index order (the rerankers' ``seed``).
     """
     pt.validate.result_frame(results, extra_columns=['query', 'text'])
