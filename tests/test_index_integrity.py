@@ -83,12 +83,13 @@ def test_an_open_during_a_sharded_overwrite_never_mixes_builds(tmp_path, monkeyp
     memmap = np.memmap
     replaced = []
 
-    def overwritten_first(*args, **kwargs):
-        if not replaced:
-            replaced.append(True)
-            ShardedMultiVectorIndex(path, verbose=False).indexer(shard_size=3, overwrite=True).index(tagged(2))
-        return memmap(*args, **kwargs)
-    monkeypatch.setattr(np, 'memmap', overwritten_first)
+    class OverwrittenFirst(memmap):   # a type still, as npids' np.ndarray.__new__(np.memmap, ...) needs
+        def __new__(cls, *args, **kwargs):
+            if not replaced:
+                replaced.append(True)
+                ShardedMultiVectorIndex(path, verbose=False).indexer(shard_size=3, overwrite=True).index(tagged(2))
+            return memmap(*args, **kwargs)
+    monkeypatch.setattr(np, 'memmap', OverwrittenFirst)
     payload = ShardedMultiVectorIndex(path, verbose=False).payload()
     assert replaced
     assert_one_build(payload)

@@ -1,5 +1,6 @@
 """On-disk storage of the MultiVectorIndex: a variable number of vectors per document, memory-mapped."""
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -145,6 +146,31 @@ class MultiVectorIndex(SearchableIndex, pta.Artifact, pt.Indexer):
         """Indexes ``{'docno', 'doc_embs'}`` records (``doc_vec`` is taken as one row) into a new index at ``path``."""
         return self.indexer().index(inp)
 
+    def add_documents(self, inp: Iterable[Dict]) -> 'MultiVectorIndex':
+        """Adds documents (records as :meth:`index` takes) after the index's own.
+
+        The index is written again, its documents in order and then the new ones, exactly as a fresh build of all of
+        them would be (so rankings equal a fresh build's), beside the old one, and put in its place when complete: a
+        search running meanwhile gets the whole index before or after (it retries once on the new build), and a
+        process killed during the update leaves the index as it was. Each update writes every vector once, so the
+        index stays compact with no separate compaction (its FAISS stage and calibration are made again on first
+        use); the sharded index adds a shard instead.
+
+        Raises:
+            ValueError: If a new docno is in the index already or occurs twice among the new ones, or a record is
+                malformed (as :meth:`index`); the index is then left as it was.
+        """
+        return self.indexer(overwrite=True).update(added=inp)
+
+    def remove_documents(self, docnos: Iterable[str]) -> 'MultiVectorIndex':
+        """Removes documents by docno, as :meth:`add_documents` adds them (a whole new build put in place).
+
+        Raises:
+            KeyError: If a docno is not in the index (the index is then left as it was).
+            ValueError: If every document would go (an index holds at least one).
+        """
+        return self.indexer(overwrite=True).update(removed=docnos)
+
     def indexer(self, *, dtype: str = 'float32', overwrite: bool = False) -> 'MultiVectorIndexer':
         """An indexer for this index.
 
@@ -227,6 +253,47 @@ class MultiVectorIndexer(pt.Indexer):
                                                _DTYPES[self.dtype][1]),
                                 lengths[a:a + chunk_docs]) for a in starts)
 
+    def update(self, *, added: Iterable[Dict] = (), removed: Iterable[str] = ()) -> MultiVectorIndex:
+        """Writes the index again without the ``removed`` docnos and with the ``added`` records after its own
+        documents, in its own storage type, and puts it in place when complete (see
+        :meth:`MultiVectorIndex.add_documents`)."""
+        with exclusive_lock(self.index_ref.path):
+            meta, vectors, offsets, docnos = self.index_ref.payload()
+            count = meta['doc_count']
+            present = np.asarray(docnos.fwd[np.arange(count)], dtype=object)
+            removed = set(str(d) for d in removed)
+            unknown = sorted(removed - set(present))
+            if unknown:
+                raise KeyError(f'docno {unknown[0]!r} is not in the index at {str(self.index_ref.path)!r} '
+                               f'({len(unknown)} unknown docnos); nothing was removed')
+            keep = np.flatnonzero(~np.isin(present, list(removed))) if removed else np.arange(count)
+            added = more_itertools.peekable(added.to_dict(orient='records') if isinstance(added, pd.DataFrame)
+                                            else added)
+            if not len(keep) and not added:
+                raise ValueError(f'removing every document of the index at {str(self.index_ref.path)!r}: an index '
+                                 'holds at least one')
+            self.dtype = meta['dtype']
+            lengths = np.diff(np.asarray(offsets))
+            kept = set(present[keep]) if removed else set(present)
+
+            def old_chunks(chunk_docs: int = 1 << 16):
+                for a in range(0, len(keep), chunk_docs):
+                    ids = keep[a:a + chunk_docs]
+                    rows = np.repeat(offsets[ids] - np.cumsum(lengths[ids]) + lengths[ids], lengths[ids]) + \
+                        np.arange(int(lengths[ids].sum()))
+                    yield present[ids], _checked_block(vectors[rows], present[ids], lengths[ids],
+                                                       _DTYPES[self.dtype][1]), lengths[ids]
+
+            def new_chunks():
+                for record in added:
+                    docno = _record_docno(record)
+                    if docno in kept:
+                        raise ValueError(f'docno {docno!r} is in the index at {str(self.index_ref.path)!r} already: '
+                                         'remove it first (remove_documents) to replace it; nothing was added')
+                    yield [docno], _stored_document(_record_embs(record, docno), docno, _DTYPES[self.dtype][1]), None
+
+            return self._write(itertools.chain(old_chunks(), new_chunks()))
+
     def _write(self, chunks) -> MultiVectorIndex:
         """Writes ``(docnos, vectors, lengths)`` chunks (lengths None: one document) to a new index, renamed into
         place when complete."""
@@ -300,7 +367,9 @@ def _docno_builder(path: Path):
     document when it opens a new block) becomes all prefix, and reading the zero-width records back divides by
     zero. It also cuts the prefix inside a multi-byte character ('é' and 'è' share one byte), which it cannot
     decode. The codec here keeps at least the last byte of each id out of the prefix and ends the prefix on a
-    whole character; the file format is unchanged.
+    whole character; the file format is unchanged. Its ``intsequence`` codec is left out: where a run of ids such
+    as ``d0`` ... ``d499`` is followed by a block of one other id (``d99999``: a document added later), the inverse
+    lookup it leads to misses that id; the ``intsequencepad`` and stored-integer codecs still pack numeric ids.
     """
     from npids import Lookup
     from npids.codecs import FwdFixedBytes
@@ -315,6 +384,7 @@ def _docno_builder(path: Path):
 
     with Lookup.builder(path) as builder:
         builder.formats[FwdFixedBytes.NAME] = WholeCharacterFixedBytes()
+        del builder.formats['intsequence'], builder.formats['intsequencepad']
         builder.seeded_formats = builder.formats.copy()
         yield builder
 
