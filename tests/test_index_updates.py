@@ -109,3 +109,31 @@ def test_a_run_of_numbered_docnos_then_another_docno_is_found(tmp_path, docnos):
     _, _, _, lookup = index.payload()
     assert list(lookup.fwd[np.arange(len(docnos))]) == docnos
     assert list(lookup.inv[docnos]) == list(range(len(docnos)))
+
+
+def test_a_sharded_index_grows_by_shards_and_ranks_as_one_fresh_index(tmp_path):
+    from pyterrier_multiquery.index import ShardedMultiVectorIndex
+    first, more, last = documents(30), documents(12, first=30, seed=1), documents(7, first=42, seed=2)
+    sharded = ShardedMultiVectorIndex(tmp_path / 'sharded', verbose=False).indexer(shard_size=10).index(first)
+    sharded.add_documents(more)
+    sharded.add_documents(last)
+    assert [len(s) for s in sharded.shards()] == [10, 10, 10, 12, 7]
+    fresh = MultiVectorIndex(tmp_path / 'fresh', verbose=False).index(first + more + last)
+    pd.testing.assert_frame_equal(rankings(sharded), rankings(fresh))
+    gone = [f'd{i}' for i in range(10, 20)] + ['d3', 'd45']   # the whole second shard, and one of two others
+    sharded.remove_documents(gone)
+    kept = [d for d in first + more + last if d['docno'] not in gone]
+    assert [len(s) for s in sharded.shards()] == [9, 10, 12, 6]
+    fresh = MultiVectorIndex(tmp_path / 'fresh', verbose=False).indexer(overwrite=True).index(kept)
+    pd.testing.assert_frame_equal(rankings(sharded), rankings(fresh))
+    sharded.compact(shard_size=20)
+    assert [len(s) for s in sharded.shards()] == [20, 17]
+    pd.testing.assert_frame_equal(rankings(sharded), rankings(fresh))
+    sharded.verify()
+    with pytest.raises(ValueError, match="docno 'd1' is in the index .* already"):
+        sharded.add_documents(documents(1, first=1))
+    with pytest.raises(KeyError, match="docno 'd10' is not in the index"):
+        sharded.remove_documents(['d10'])
+    with pytest.raises(ValueError, match='removing every document'):
+        sharded.remove_documents([d['docno'] for d in kept])
+    pd.testing.assert_frame_equal(rankings(sharded), rankings(fresh))

@@ -259,3 +259,21 @@ def test_an_actor_refuses_a_shard_copy_that_is_not_the_indexed_one(ray, tmp_path
     with pytest.raises(CorruptIndexError, match=r"shard '.*shard' on the node .* is not the shard the sharded index "
                                                 r"was built with \(its build id differs\): copy it again"):
         ShardActor([(MultiVectorIndex, str(shard.path), 'another build', 10)])
+
+
+def test_documents_added_and_removed_over_ray_rank_as_one_fresh_index(ray, tmp_path):
+    sharded = ShardedMultiVectorIndex(tmp_path / 'sharded', verbose=False).indexer(num_shards=2).index(
+        list(documents(0, 60)))
+    over_ray = sharded.ray(num_cpus=0.2)
+    try:
+        over_ray.add_documents(list(documents(60, 80)))
+        assert (over_ray.num_actors, len(over_ray)) == (2, 80) and len(over_ray.shard_paths) == 3
+        removed = [f'd{i}' for i in range(0, 80, 4)]
+        over_ray.remove_documents(removed)
+        fresh = MultiVectorIndex(tmp_path / 'fresh', verbose=False).index(
+            [d for d in documents(0, 80) if d['docno'] not in removed])
+        for kind in ('exact', 'flat', 'mean'):
+            pd.testing.assert_frame_equal(RETRIEVERS[kind](over_ray)(topics()), RETRIEVERS[kind](fresh)(topics()),
+                                          check_exact=True)
+    finally:
+        over_ray.close()

@@ -101,22 +101,45 @@ class RayIndex(Searches):
             raise ValueError(f'retries must be a non-negative integer, got {retries!r}')
         self.index = index
         self.path = index.path
-        self.meta = index.payload()[0]
-        self.num_actors = num_actors
         self.retries = retries
-        self.shard_paths = [shard.path for shard in shards]
-        self.counts = [len(shard) for shard in shards]
-        self.firsts = [int(first) for first in np.cumsum([0] + self.counts[:-1])]
-        self.groups = [group.tolist() for group in np.array_split(np.arange(len(shards)), num_actors)]
         if not ray.is_initialized():
             ray.init(address=address)
         if not (isinstance(actor_class, type) and issubclass(actor_class, ShardActor)):
             raise TypeError(f'actor_class must be ShardActor or a subclass of it, got {actor_class!r}')
-        actor = ray.remote(actor_class).options(num_cpus=num_cpus, max_restarts=-1)
-        self.actors = [actor.remote([(type(shards[i]), str(shards[i].path), shards[i].payload()[0]['build_id'],
-                                      self.firsts[i]) for i in group]) for group in self.groups]
+        self.actor = ray.remote(actor_class).options(num_cpus=num_cpus, max_restarts=-1)
+        self._start(shards, num_actors)
+
+    def _start(self, shards: list, num_actors: int) -> None:
+        """Starts ``num_actors`` actors over the index's ``shards`` (consecutive groups of them)."""
+        self.meta = self.index.payload()[0]
+        self.num_actors = num_actors
+        self.shard_paths = [shard.path for shard in shards]
+        self.counts = [len(shard) for shard in shards]
+        self.firsts = [int(first) for first in np.cumsum([0] + self.counts[:-1])]
+        self.groups = [group.tolist() for group in np.array_split(np.arange(len(shards)), num_actors)]
+        self.actors = [self.actor.remote([(type(shards[i]), str(shards[i].path), shards[i].payload()[0]['build_id'],
+                                           self.firsts[i]) for i in group]) for group in self.groups]
         self.pids = ray.get([a.ready.remote() for a in self.actors])
         self.docnos = _RemoteDocnos(self)
+
+    def add_documents(self, inp) -> 'RayIndex':
+        """Adds documents to the index (its own :meth:`~.sharded.ShardedMultiVectorIndex.add_documents`: a new
+        shard, or a single index written again) and starts the actors again over the updated shards (as many as
+        before, at most one a shard); searches after it see the new documents, rankings as a fresh build's."""
+        self.index.add_documents(inp)
+        return self._restarted()
+
+    def remove_documents(self, docnos) -> 'RayIndex':
+        """Removes documents by docno from the index (its own ``remove_documents``) and starts the actors again
+        over the updated shards."""
+        self.index.remove_documents(docnos)
+        return self._restarted()
+
+    def _restarted(self) -> 'RayIndex':
+        shards = self.index.shards()
+        self.close()
+        self._start(shards, min(self.num_actors, len(shards)))
+        return self
 
     def payload(self):
         """The index's ``(meta, vectors, offsets, docnos)`` in this process (as :meth:`MultiVectorIndex.payload`)."""

@@ -159,6 +159,89 @@ class ShardedMultiVectorIndex(SearchableIndex, pta.Artifact, pt.Indexer):
             _write_meta(tmp, names, [meta for meta, _, _, _ in shards])
         self._payload = None
 
+    def add_documents(self, inp: Iterable[Dict]) -> 'ShardedMultiVectorIndex':
+        """Adds documents (records as :meth:`index` takes) as a new shard after the others.
+
+        The index is assembled again beside the old one, its shards hard-linked (nothing of them is copied) and the
+        new shard written, and put in its place when complete: a search running meanwhile gets the whole index
+        before or after, a kill leaves it as it was, and the rankings equal a fresh build's of the same documents in
+        that order. :meth:`compact` merges the shards that updates leave small.
+
+        Raises:
+            ValueError: If a new docno is in the index already or occurs twice, or a record is malformed (as
+                :meth:`MultiVectorIndex.index`); the index is then left as it was.
+        """
+        with exclusive_lock(self.path):
+            meta, _, _, docnos = self.payload()
+            shards, names = self.shards(), _shard_names(meta)
+
+            def checked(records):
+                for record in (records.to_dict(orient='records') if isinstance(records, pd.DataFrame) else records):
+                    if isinstance(record.get('docno'), str) and docnos.inv[record['docno']] >= 0:
+                        raise ValueError(f'docno {record["docno"]!r} is in the index at {str(self.path)!r} already: '
+                                         'remove it first (remove_documents) to replace it; nothing was added')
+                    yield record
+            name = f'shard-{max(int(n.split("-")[-1]) for n in names if n.startswith("shard-")) + 1:03d}'
+
+            def add(tmp: Path) -> List[str]:
+                MultiVectorIndex(tmp / name, verbose=False).indexer(dtype=meta['dtype']).index(checked(inp))
+                return [name]
+            self._reassemble(shards, names, add)
+        return self
+
+    def remove_documents(self, docnos: Iterable[str]) -> 'ShardedMultiVectorIndex':
+        """Removes documents by docno: the shards that hold them are written again without them (a shard left empty
+        goes), the others hard-linked, and the whole put in place as :meth:`add_documents` does.
+
+        Raises:
+            KeyError: If a docno is not in the index (the index is then left as it was).
+            ValueError: If every document would go.
+        """
+        removed = set(str(d) for d in docnos)
+        with exclusive_lock(self.path):
+            meta = self.payload()[0]
+            shards, names = self.shards(), _shard_names(meta)
+            held = [set(removed & set(shard.payload()[3].fwd[np.arange(len(shard))])) if removed else set()
+                    for shard in shards]
+            unknown = sorted(removed - set().union(*held))
+            if unknown:
+                raise KeyError(f'docno {unknown[0]!r} is not in the index at {str(self.path)!r} ({len(unknown)} '
+                               'unknown docnos); nothing was removed')
+            if sum(len(h) for h in held) == meta['doc_count']:
+                raise ValueError(f'removing every document of the index at {str(self.path)!r}: an index holds at '
+                                 'least one')
+            self._reassemble(shards, names, None, rewrite={i: h for i, h in enumerate(held) if h})
+        return self
+
+    def compact(self, shard_size: int = None) -> 'ShardedMultiVectorIndex':
+        """Writes the documents again into consecutive shards of ``shard_size`` (default: the indexer's), merging
+        the small shards that updates add; rankings are unchanged. The whole is put in place when complete."""
+        with exclusive_lock(self.path):
+            meta = self.payload()[0]
+            ShardedMultiVectorIndexer(self, shard_size=shard_size, dtype=meta['dtype'], overwrite=True)._index(
+                self.get_corpus_iter(verbose=False))
+        return self
+
+    def _reassemble(self, shards: List[MultiVectorIndex], names: List[str], add, rewrite: Dict[int, set] = None):
+        """Writes the index again at a temporary path and puts it in place: each shard hard-linked, or written
+        again without the docnos of ``rewrite`` (left out where none remain), then the shards ``add(tmp)`` writes
+        (it returns their names)."""
+        rewrite = rewrite or {}
+        with building(self.path) as tmp:
+            tmp.mkdir()
+            kept = []
+            for i, (shard, name) in enumerate(zip(shards, names)):
+                if i not in rewrite:
+                    shutil.copytree(shard.path, tmp / name, copy_function=_link_or_copy,
+                                    ignore=shutil.ignore_patterns('.*'))
+                    kept.append(name)
+                elif len(rewrite[i]) < len(shard):
+                    _write_without(shard, rewrite[i], tmp / name)
+                    kept.append(name)
+            kept += add(tmp) if add is not None else []
+            _write_meta(tmp, kept, [MultiVectorIndex(tmp / name, verbose=False).payload()[0] for name in kept])
+        self._payload = None
+
     def index(self, inp: Iterable[Dict]) -> 'ShardedMultiVectorIndex':
         """Indexes ``{'docno', 'doc_embs'}`` records into shards of the default size (see :meth:`indexer`)."""
         return self.indexer().index(inp)
@@ -470,6 +553,17 @@ def _write_meta(folder: Path, names: List[str], metas: List[dict]) -> None:
             'doc_count': sum(m['doc_count'] for m in metas), 'vec_count': sum(m['vec_count'] for m in metas),
             'build_id': uuid.uuid4().hex, 'shards': names, 'shard_build_ids': [m['build_id'] for m in metas]}
     (folder / 'pt_meta.json').write_text(json.dumps(meta))
+
+
+def _write_without(shard: MultiVectorIndex, removed: set, path: Path) -> None:
+    """Writes the documents of ``shard`` but ``removed``, in order and in its storage type, as an index at ``path``."""
+    meta, vectors, offsets, docnos = shard.payload()
+    present = np.asarray(docnos.fwd[np.arange(meta['doc_count'])], dtype=object)
+    keep = np.flatnonzero(~np.isin(present, list(removed)))
+    lengths = np.diff(np.asarray(offsets))[keep]
+    rows = np.repeat(np.asarray(offsets)[keep] - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+    MultiVectorIndex(path, verbose=False).indexer(dtype=meta['dtype']).index_arrays(present[keep], vectors[rows],
+                                                                                      lengths)
 
 
 def _link_or_copy(source: str, target: str) -> str:
