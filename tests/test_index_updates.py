@@ -137,3 +137,34 @@ def test_a_sharded_index_grows_by_shards_and_ranks_as_one_fresh_index(tmp_path):
     with pytest.raises(ValueError, match='removing every document'):
         sharded.remove_documents([d['docno'] for d in kept])
     pd.testing.assert_frame_equal(rankings(sharded), rankings(fresh))
+
+
+def _add_in_steps(path: str, steps: int) -> None:
+    index = MultiVectorIndex(path, verbose=False)
+    for step in range(steps):
+        index.add_documents(documents(300, first=1000 + 300 * step, seed=10 + step))
+
+
+def test_readers_during_updates_see_one_whole_build_each_time(tmp_path):
+    """A process adds documents in five steps while this one searches again and again: every ranking is that of a
+    fresh build of the documents of one of the six states (none mixes two builds, none fails)."""
+    base = documents(400)
+    added = [documents(300, first=1000 + 300 * step, seed=10 + step) for step in range(5)]
+    expected = []
+    for state in range(6):
+        fresh = MultiVectorIndex(tmp_path / f'fresh{state}', verbose=False).index(
+            base + [d for part in added[:state] for d in part])
+        expected.append(rankings(fresh))
+    index = MultiVectorIndex(tmp_path / 'index', verbose=False).index(base)
+    writer = multiprocessing.get_context('spawn').Process(target=_add_in_steps, args=(str(index.path), 5))
+    writer.start()
+    seen = set()
+    while writer.is_alive() or len(seen) < 1:
+        run = rankings(index)
+        matches = [state for state, ranking in enumerate(expected) if ranking.equals(run)]
+        assert len(matches) == 1, 'a search mixed two builds or matched none'
+        seen.add(matches[0])
+    writer.join()
+    assert writer.exitcode == 0
+    pd.testing.assert_frame_equal(rankings(index), expected[5])
+    assert len(seen) >= 2   # the searches ran across updates
