@@ -167,7 +167,7 @@ class IndexCalibrated(IndexExact):
         reset_peak()
         self.baseline_mib = memory_mib('VmRSS')
         start = time.perf_counter()
-        load_or_build(index, 'ivf', verbose=False)
+        load_or_build(index, 'ivf')
         self.build_s = time.perf_counter() - start
         start = time.perf_counter()
         self.calibration = calibrated(self.retriever)

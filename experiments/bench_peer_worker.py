@@ -201,7 +201,7 @@ class Index:
                 for old in [*self.folder.glob('ann.*.faiss'), *self.folder.glob('calibration.*')]:
                     old.unlink()  # an earlier run's: built again, timed
             start = time.perf_counter()
-            load_or_build(self.index, 'ivf', verbose=False)
+            load_or_build(self.index, 'ivf')
             self.extra['ANN build s'] = time.perf_counter() - start
             start = time.perf_counter()
             found = calibrated(self.index.maxsim_retriever(exact=False, num_results=K, threads=self.threads))

@@ -65,7 +65,7 @@ def test_parameter_cell_sets_quick_sizes():
 
 def test_amer(run_quick):
     notebook, shapes = run_quick('amer', """{
-        'by quartile': by_quartile, 'curve': pd.DataFrame(training['curve']).set_index('epoch'),
+        'by quartile': by_quartile, 'curve': pd.DataFrame(training['history']['curve']).set_index('epoch'),
         'means': means.set_index('system').T, 'tests': tests.set_index(['measure', 'questions']),
         'by quartile (test)': by_quartile_test, 'synthetic': wide}""", limit_s=600)
     assert plots(notebook) == 3
@@ -74,7 +74,7 @@ def test_amer(run_quick):
     measures = ['MRecall@5', 'MRecall@10', 'alpha_nDCG@10']
     assert shapes == {
         'by quartile': [quartiles, ['MRecall@10', 'questions', 'mean target distance']],
-        'curve': [['0', '1', '2'], ['loss', 'round_robin']],  # the main job's schedule: round-robin merging only
+        'curve': [['0', '1', '2'], ['loss', 'dev']],  # each epoch's loss and validation score (round-robin lists)
         'means': [[f'{m} ({s})' for s in subsets for m in measures], ['MiniLM', 'AMER']],
         'tests': [[str((m, s)) for s in subsets for m in measures],
                   ['system', 'baseline', *BOOTSTRAP]],

@@ -30,6 +30,7 @@ NOT_IMPORTED = {
     'faiss-gpu': 'the GPU build of the faiss module (CUDA 12)',
     'faiss-gpu-cuvs': 'the GPU build of the faiss module (CUDA 13)',
     'pytest': 'the tests', 'hypothesis': 'the tests', 'ruff': 'the lint',
+    'sphinx': 'building the API reference (tests/test_docs.py)',
 }
 
 #: Modules whose imports of optional packages do not yet name their extra (their owners are on it).

@@ -58,14 +58,42 @@ def _module_name(file: Path, package_dir: Path) -> str:
 
 
 def _imported(file: Path, files: Dict[str, Path]) -> set:
+    """The package's modules ``file`` imports: by name, and through a package's lazy names (``from
+    pyterrier_multiquery.amer import AMERTrainer`` imports ``amer.training``, which ``amer/__init__.py`` names in its
+    ``_ATTRIBUTES``), at any depth of packages."""
     found = set()
     for node in ast.walk(ast.parse(file.read_bytes())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
-            found.update(f'{node.module}.{alias.name}' for alias in node.names)
+            for alias in node.names:
+                found.add(f'{node.module}.{alias.name}')
+                found.update(_lazily_imported(node.module, alias.name, files))
     return {name for name in found if name in files}
+
+
+def _lazily_imported(package: str, name: str, files: Dict[str, Path]) -> set:
+    """The modules behind ``name`` of a package that loads its names lazily (``_ATTRIBUTES = {name: submodule}``
+    in its ``__init__``), following packages that do the same."""
+    found = set()
+    while package in files and files[package].name == '__init__.py':
+        lazy = _lazy_attributes(files[package])
+        if name not in lazy:
+            break
+        package = f'{package}.{lazy[name]}'
+        found.add(package)
+    return found
+
+
+def _lazy_attributes(init: Path) -> Dict[str, str]:
+    """The ``_ATTRIBUTES`` dict literal of a package's ``__init__`` (name: submodule), or an empty one."""
+    for node in ast.parse(init.read_bytes()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == '_ATTRIBUTES'
+                                                for t in node.targets) and isinstance(node.value, ast.Dict):
+            return {k.value: v.value for k, v in zip(node.value.keys, node.value.values)
+                    if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)}
+    return {}
 
 
 def data_fingerprint(*parts) -> str:

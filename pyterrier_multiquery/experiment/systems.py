@@ -288,7 +288,8 @@ def train_jpr(first_stage: DenseFirstStage, dataset, topics: pd.DataFrame, qrels
     corpus = first_stage.corpus if dataset is first_stage.dataset else corpus_fingerprint(dataset)
 
     def fit(path: Path):
-        import torch
+        with requires('dense'):
+            import torch
 
         from pyterrier_multiquery.jpr import JPRModel, JPRTrainer, PassageEncoder
         make_deterministic(seed, threads)

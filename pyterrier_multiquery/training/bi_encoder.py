@@ -72,20 +72,23 @@ class BiEncoderTrainer(ContrastiveTrainer):
         self.scheduler = None
 
     def _fit(self, train, dev):
-        import torch
+        with requires('dense'):
+            import torch
         total = max(1, self.epochs * -(-len(train) // self.batch_size))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: max(0., 1 - step / total))
         return super()._fit(train, dev)
 
     def embed(self, texts: List[str]) -> 'torch.Tensor':
         """The model's unit vectors of ``texts``, with gradients."""
-        import torch
+        with requires('dense'):
+            import torch
         features = {k: v.to(self.parallel.device) if isinstance(v, torch.Tensor) else v
                     for k, v in self.model.tokenize(texts).items()}
         return torch.nn.functional.normalize(self.model(features)['sentence_embedding'], dim=-1)
 
     def optimiser_step(self, batch: pd.DataFrame) -> float:
-        import torch
+        with requires('dense'):
+            import torch
         self.model.train()
         negatives = 'negative' in batch.columns
 

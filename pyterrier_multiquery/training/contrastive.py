@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
+from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.training.trainer import Trainer
 
 #: What the trainers read a passage's text from: a mapping from docno to text, or a transformer that adds ``text``
@@ -124,7 +125,8 @@ class ContrastiveTrainer(Trainer):
     def dev_scores(self, triples: pd.DataFrame) -> pd.Series:
         """Each validation question's share of its triples whose relevant passage the encoder scores above the hard
         negative."""
-        import torch
+        with requires('dense'):
+            import torch
         self.module.eval()
         with torch.no_grad():
             positive = self.pair_scores(list(triples['query']), list(triples['text']))

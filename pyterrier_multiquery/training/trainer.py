@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
+from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.training.departure import DEPARTURE_GRID, checked_departure, choose_departure
 
 
@@ -161,7 +162,8 @@ class Trainer:
             ValueError: If only one of the validation frames is given, or ``choose_epoch`` or ``departure='one_se'``
                 is asked without them.
         """
-        import torch
+        with requires('dense'):
+            import torch
         if (topics_or_res_va is None) != (qrels_va is None):
             raise ValueError('give both topics_or_res_va and qrels_va, or neither')
         validating = topics_or_res_va is not None
@@ -180,7 +182,8 @@ class Trainer:
     def _fit(self, train, dev) -> TrainingHistory:
         import copy
 
-        import torch
+        with requires('dense'):
+            import torch
         history = TrainingHistory()
         self.history = history
 
