@@ -77,6 +77,31 @@ def save_tiny_bert(tmp_path_factory):
     return save
 
 
+@pytest.fixture(scope='session')
+def triple_frames():
+    """``make(triples)``: the ``(results, qrels, texts)`` whose hard-negative triples are the ``(query, positive,
+    negative)`` ``triples``: question i's first stage ranks its negative n{i} above its relevant passage p{i}."""
+    def make(triples):
+        import pandas as pd
+        results = pd.DataFrame([{'qid': str(i), 'query': q, 'docno': d, 'rank': r}
+                                for i, (q, _, _) in enumerate(triples) for d, r in ((f'n{i}', 0), (f'p{i}', 1))])
+        qrels = pd.DataFrame({'qid': [str(i) for i in range(len(triples))],
+                              'docno': [f'p{i}' for i in range(len(triples))], 'label': 1})
+        texts = {**{f'p{i}': t[1] for i, t in enumerate(triples)}, **{f'n{i}': t[2] for i, t in enumerate(triples)}}
+        return results, qrels, texts
+    return make
+
+
+@pytest.fixture(scope='session')
+def fine_tune(triple_frames):
+    """``train(encoder, triples, **settings)``: one DiffRetrieverTrainer run on ``triples``; returns its history."""
+    def train(encoder, triples, **settings):
+        from pyterrier_multiquery.diffretriever.training import DiffRetrieverTrainer
+        results, qrels, texts = triple_frames(triples)
+        return DiffRetrieverTrainer(encoder, texts, verbose=False, **settings).fit(results, qrels)
+    return train
+
+
 @pytest.fixture
 def declared_entry_points(monkeypatch):
     """``pt.utils.entry_points('pyterrier.artifact')`` as this checkout's pyproject.toml declares them (the installed

@@ -257,26 +257,8 @@ TRIPLES = [('cats', 'cats and dogs', 'heart disease'), ('heart disease', 'the he
            ('protein', 'protein of cats', 'dogs')]
 
 
-def triple_frames(triples):
-    """``(results, qrels, texts)`` whose hard-negative triples are ``triples``: question i's first stage ranks its
-    negative n{i} above its relevant passage p{i}."""
-    results = pd.DataFrame([{'qid': str(i), 'query': q, 'docno': d, 'rank': r} for i, (q, _, _) in enumerate(triples)
-                            for d, r in ((f'n{i}', 0), (f'p{i}', 1))])
-    qrels = pd.DataFrame({'qid': [str(i) for i in range(len(triples))],
-                          'docno': [f'p{i}' for i in range(len(triples))], 'label': 1})
-    texts = {**{f'p{i}': t[1] for i, t in enumerate(triples)}, **{f'n{i}': t[2] for i, t in enumerate(triples)}}
-    return results, qrels, texts
-
-
-def fine_tune(encoder, triples, **settings):
-    """One DiffRetrieverTrainer run on ``triples``; returns its history."""
-    results, qrels, texts = triple_frames(triples)
-    return DiffRetrieverTrainer(encoder, texts, verbose=False, **settings).fit(results, qrels)
-
-
-
 @pytest.mark.parametrize('lora', [False, True])
-def test_one_training_step_lowers_the_loss(encoder, lora):
+def test_one_training_step_lowers_the_loss(encoder, lora, fine_tune):
     torch.manual_seed(0)
     with torch.no_grad():
         before = float(contrastive_loss(encoder, TRIPLES))
@@ -288,7 +270,7 @@ def test_one_training_step_lowers_the_loss(encoder, lora):
     assert after < before
 
 
-def test_validation_questions_score_every_epoch_and_choose_it(encoder):
+def test_validation_questions_score_every_epoch_and_choose_it(encoder, triple_frames):
     results, qrels, texts = triple_frames(TRIPLES)
     trainer = DiffRetrieverTrainer(encoder, texts, lora=False, epochs=2, batch_size=3, learning_rate=1e-3,
                                    choose_epoch=True, verbose=False)
@@ -299,7 +281,7 @@ def test_validation_questions_score_every_epoch_and_choose_it(encoder):
     assert float(scores.mean()) == history.curve[history.best_epoch]['dev']   # the kept epoch's weights
 
 
-def test_diffembed_training_step_lowers_the_loss(encoder):
+def test_diffembed_training_step_lowers_the_loss(encoder, fine_tune):
     embed = DiffEmbed(encoder.backbone, device='cpu')
     with torch.no_grad():
         before = float(contrastive_loss(embed, TRIPLES))
@@ -308,7 +290,7 @@ def test_diffembed_training_step_lowers_the_loss(encoder):
         assert float(contrastive_loss(embed, TRIPLES)) < before
 
 
-def test_save_load_round_trip(encoder, tmp_path):
+def test_save_load_round_trip(encoder, tmp_path, fine_tune):
     history = fine_tune(encoder, TRIPLES, lora=True, batch_size=3, learning_rate=1e-3)
     frame = pd.DataFrame({'docno': ['a'], 'text': ['cats and heart disease']})
     before = encoder.doc_encoder()(frame)

@@ -16,7 +16,7 @@ from pyterrier_multiquery.diffretriever import DiffRetriever  # noqa: E402
 from pyterrier_multiquery.diffretriever.encoder import MaskedBackbone  # noqa: E402
 from pyterrier_multiquery.diffretriever.lora import add_lora, merge_lora  # noqa: E402
 from pyterrier_multiquery.diffretriever.sparse import content_token_ids  # noqa: E402
-from pyterrier_multiquery.diffretriever.training import DiffRetrieverTrainer, contrastive_loss  # noqa: E402
+from pyterrier_multiquery.diffretriever.training import contrastive_loss  # noqa: E402
 
 CORPUS = ['Query: "cats and dogs". Use a few words to represent the query in a retrieval task. '
           'Make sure your words are in lowercase.',
@@ -29,24 +29,6 @@ GEMMA_CHAT = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' i
               "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 TRIPLES = [('cats', 'cats and dogs', 'heart disease'), ('heart disease', 'the heart', 'protein'),
            ('protein', 'protein of cats', 'dogs')]
-
-
-def triple_frames(triples):
-    """``(results, qrels, texts)`` whose hard-negative triples are ``triples``: question i's first stage ranks its
-    negative n{i} above its relevant passage p{i}."""
-    results = pd.DataFrame([{'qid': str(i), 'query': q, 'docno': d, 'rank': r} for i, (q, _, _) in enumerate(triples)
-                            for d, r in ((f'n{i}', 0), (f'p{i}', 1))])
-    qrels = pd.DataFrame({'qid': [str(i) for i in range(len(triples))],
-                          'docno': [f'p{i}' for i in range(len(triples))], 'label': 1})
-    texts = {**{f'p{i}': t[1] for i, t in enumerate(triples)}, **{f'n{i}': t[2] for i, t in enumerate(triples)}}
-    return results, qrels, texts
-
-
-def fine_tune(encoder, triples, **settings):
-    """One DiffRetrieverTrainer run on ``triples``; returns its history."""
-    results, qrels, texts = triple_frames(triples)
-    return DiffRetrieverTrainer(encoder, texts, verbose=False, **settings).fit(results, qrels)
-
 
 
 def _bpe(specials, pre_tokenizer, vocab_size):
@@ -222,7 +204,7 @@ def test_bidirectional_a_later_token_changes_the_mask_states(arch):
     assert float((hidden - other).abs().amax(-1).min()) > 1e-4  # every mask position sees the later token
 
 
-def test_lora_training_changes_the_output_and_the_saved_model_reproduces_it(arch, tmp_path):
+def test_lora_training_changes_the_output_and_the_saved_model_reproduces_it(arch, tmp_path, fine_tune):
     enc = load(arch[1])
     frame = pd.DataFrame({'docno': ['a'], 'text': ['cats and heart disease']})
     before = enc.doc_encoder()(frame)

@@ -258,31 +258,22 @@ class MultiVectorIndexer(pt.Indexer):
         documents, in its own storage type, and puts it in place when complete (see
         :meth:`MultiVectorIndex.add_documents`)."""
         with exclusive_lock(self.index_ref.path):
-            meta, vectors, offsets, docnos = self.index_ref.payload()
-            count = meta['doc_count']
-            present = np.asarray(docnos.fwd[np.arange(count)], dtype=object)
+            payload = self.index_ref.payload()
+            meta, docnos = payload[0], payload[3]
+            present = np.asarray(docnos.fwd[np.arange(meta['doc_count'])], dtype=object)
             removed = set(str(d) for d in removed)
             unknown = sorted(removed - set(present))
             if unknown:
                 raise KeyError(f'docno {unknown[0]!r} is not in the index at {str(self.index_ref.path)!r} '
                                f'({len(unknown)} unknown docnos); nothing was removed')
-            keep = np.flatnonzero(~np.isin(present, list(removed))) if removed else np.arange(count)
+            keep = np.flatnonzero(~np.isin(present, list(removed)))
             added = more_itertools.peekable(added.to_dict(orient='records') if isinstance(added, pd.DataFrame)
                                             else added)
             if not len(keep) and not added:
                 raise ValueError(f'removing every document of the index at {str(self.index_ref.path)!r}: an index '
                                  'holds at least one')
             self.dtype = meta['dtype']
-            lengths = np.diff(np.asarray(offsets))
-            kept = set(present[keep]) if removed else set(present)
-
-            def old_chunks(chunk_docs: int = 1 << 16):
-                for a in range(0, len(keep), chunk_docs):
-                    ids = keep[a:a + chunk_docs]
-                    rows = np.repeat(offsets[ids] - np.cumsum(lengths[ids]) + lengths[ids], lengths[ids]) + \
-                        np.arange(int(lengths[ids].sum()))
-                    yield present[ids], _checked_block(vectors[rows], present[ids], lengths[ids],
-                                                       _DTYPES[self.dtype][1]), lengths[ids]
+            kept = set(present[keep])
 
             def new_chunks():
                 for record in added:
@@ -292,7 +283,7 @@ class MultiVectorIndexer(pt.Indexer):
                                          'remove it first (remove_documents) to replace it; nothing was added')
                     yield [docno], _stored_document(_record_embs(record, docno), docno, _DTYPES[self.dtype][1]), None
 
-            return self._write(itertools.chain(old_chunks(), new_chunks()))
+            return self._write(itertools.chain(stored_chunks(payload, keep, present), new_chunks()))
 
     def _write(self, chunks) -> MultiVectorIndex:
         """Writes ``(docnos, vectors, lengths)`` chunks (lengths None: one document) to a new index, renamed into
@@ -337,6 +328,24 @@ class MultiVectorIndexer(pt.Indexer):
 
     def __repr__(self):
         return f'{self.index_ref!r}.indexer(dtype={self.dtype!r}, overwrite={self.overwrite!r})'
+
+
+def document_rows(offsets: np.ndarray, docids: np.ndarray) -> np.ndarray:
+    """The rows of the stored vectors of the documents ``docids``, one document after another."""
+    lengths = offsets[docids + 1] - offsets[docids]
+    return np.repeat(offsets[docids] - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+
+
+def stored_chunks(payload, docids: np.ndarray, docnos: np.ndarray, chunk_docs: int = 1 << 16):
+    """The documents ``docids`` of an index's ``payload``, with their ``docnos``, as the chunks
+    :meth:`MultiVectorIndexer._write` writes, in the index's storage type, a chunk of documents at a time."""
+    meta, vectors, offsets, _ = payload
+    offsets = np.asarray(offsets)
+    for a in range(0, len(docids), chunk_docs):
+        ids = docids[a:a + chunk_docs]
+        lengths = offsets[ids + 1] - offsets[ids]
+        yield docnos[ids], _checked_block(vectors[document_rows(offsets, ids)], docnos[ids], lengths,
+                                          _DTYPES[meta['dtype']][1]), lengths
 
 
 def _check_target(path: Path, overwrite: bool, artifact: type = None) -> None:

@@ -24,6 +24,7 @@ from pyterrier_multiquery.index.core import (
     _check_target,
     _read_meta,
     open_whole,
+    stored_chunks,
 )
 
 DEFAULT_SHARD_SIZE = 1_000_000
@@ -557,13 +558,11 @@ def _write_meta(folder: Path, names: List[str], metas: List[dict]) -> None:
 
 def _write_without(shard: MultiVectorIndex, removed: set, path: Path) -> None:
     """Writes the documents of ``shard`` but ``removed``, in order and in its storage type, as an index at ``path``."""
-    meta, vectors, offsets, docnos = shard.payload()
-    present = np.asarray(docnos.fwd[np.arange(meta['doc_count'])], dtype=object)
+    payload = shard.payload()
+    present = np.asarray(payload[3].fwd[np.arange(len(shard))], dtype=object)
     keep = np.flatnonzero(~np.isin(present, list(removed)))
-    lengths = np.diff(np.asarray(offsets))[keep]
-    rows = np.repeat(np.asarray(offsets)[keep] - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
-    MultiVectorIndex(path, verbose=False).indexer(dtype=meta['dtype']).index_arrays(present[keep], vectors[rows],
-                                                                                      lengths)
+    MultiVectorIndex(path, verbose=False).indexer(dtype=payload[0]['dtype'])._write(
+        stored_chunks(payload, keep, present))
 
 
 def _link_or_copy(source: str, target: str) -> str:

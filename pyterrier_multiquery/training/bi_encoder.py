@@ -116,8 +116,7 @@ class BiEncoderTrainer(ContrastiveTrainer):
         if self.parallel.accelerator.is_main_process:
             with building(path) as tmp:
                 self.model.save_pretrained(str(tmp), create_model_card=False)   # the card records the time
-                history = getattr(self, 'history', None)
-                record = {**self.record(), 'history': history.to_dict() if history is not None else None}
+                record = {**self.record(), 'history': None if self.history is None else self.history.to_dict()}
                 (tmp / 'training.json').write_text(json.dumps(record, indent=2))
                 artifact, form = BI_ENCODER_ARTIFACT
                 (tmp / 'pt_meta.json').write_text(json.dumps({'type': artifact, 'format': form,

@@ -116,6 +116,7 @@ class Trainer:
         self.choose_epoch = choose_epoch
         self.departure = departure
         self.verbose = verbose
+        self.history: Optional[TrainingHistory] = None   # the last fit's
         if device is not None:
             self.module.to(device)
 
@@ -186,6 +187,7 @@ class Trainer:
             import torch
         history = TrainingHistory()
         self.history = history
+        best = [None, 0, None]   # the kept epoch's score, number and weights
 
         def validate(epoch: int, loss: Optional[float]) -> None:
             score = float(self.dev_scores(dev).mean()) if dev is not None else None
@@ -193,7 +195,6 @@ class Trainer:
             if self.choose_epoch and (epoch == 0 or score > best[0]):
                 best[:] = [score, epoch, copy.deepcopy(self.module.state_dict())]
 
-        best = [None, 0, None]
         validate(0, None)
         torch.manual_seed(self.seed)   # dropout draws the same whatever ran before (a first stage, a validation)
         steps = self.steps_per_epoch(train)
