@@ -208,8 +208,8 @@ def tops(system, found, docnos) -> dict:
         found = found.sort_values(['qid', 'rank'])
         return {qid: (list(g['docno']), g['score'].to_numpy()) for qid, g in found.groupby('qid')}
     if isinstance(system, FastPlaid):
-        return {f'q{i}': ([docnos[int(d)] for d, _ in hits], np.array([s for _, s in hits]))
-                for i, hits in enumerate(found)}
+        return {f'q{i}': ([docnos[int(d)] for d, _ in hits], np.array([s for _, s in hits]) / QUERY_VECTORS)
+                for i, hits in enumerate(found)}  # fast-plaid sums the query vectors' maxima; the index averages
     scores, ids = found
     return {f'q{i}': (list(docnos[ids[i]]), scores[i]) for i in range(len(ids))}
 
