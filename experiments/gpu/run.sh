@@ -18,7 +18,7 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 args=("$@")
 if [ -d .gpu-data ]; then
   mkdir -p /tmp/gpu-data && cp -r .gpu-data/scifact /tmp/gpu-data/ && gunzip -f /tmp/gpu-data/scifact/corpus.jsonl.gz
-  args+=(--minilm-model .gpu-data/minilm --data-root /tmp/gpu-data)
+  args+=(--minilm-model "$PWD/.gpu-data/minilm" --data-root /tmp/gpu-data)
 fi
 tests=(tests/test_grouped_search.py tests/test_resident_vectors.py)
 [ -d .whl/faiss ] && tests+=(tests/test_cuda.py)

@@ -22,8 +22,8 @@ with requires('dense'):
 
 
 @triton.jit
-def _maxsim_kernel(docs, queries, weights, out, doc_count, query_count, dim,
-                   LENGTH: tl.constexpr, SUB_LENGTH: tl.constexpr, QUERY_LENGTH: tl.constexpr,
+def _maxsim_kernel(docs, queries, weights, out, doc_count, query_count,
+                   DIM: tl.constexpr, LENGTH: tl.constexpr, SUB_LENGTH: tl.constexpr, QUERY_LENGTH: tl.constexpr,
                    BLOCK_DOCS: tl.constexpr, BLOCK_QUERIES: tl.constexpr, BLOCK_K: tl.constexpr,
                    WIDEN: tl.constexpr):
     """``out[q, d] = sum_i weights[q, i] * max_j <docs[d, j], queries[q, i]>`` for a tile of ``BLOCK_DOCS``
@@ -44,12 +44,12 @@ def _maxsim_kernel(docs, queries, weights, out, doc_count, query_count, dim,
         row = tl.reshape(doc[:, None] * LENGTH + part + tl.arange(0, SUB_LENGTH)[None, :], (rows,))
         row_ok = tl.reshape(tl.broadcast_to(doc[:, None] < doc_count, (BLOCK_DOCS, SUB_LENGTH)), (rows,))
         products = tl.zeros((rows, columns), tl.float32)
-        for start in range(0, dim, BLOCK_K):
+        for start in tl.static_range(0, DIM, BLOCK_K):
             k = start + tl.arange(0, BLOCK_K)
-            k_ok = k < dim
-            a = tl.load(docs + row[:, None] * dim + k[None, :],
+            k_ok = k < DIM
+            a = tl.load(docs + row[:, None] * DIM + k[None, :],
                         mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(queries + column[None, :].to(tl.int64) * dim + k[:, None],
+            b = tl.load(queries + column[None, :].to(tl.int64) * DIM + k[:, None],
                         mask=column_ok[None, :] & k_ok[:, None], other=0.0)
             if WIDEN:
                 a, b = a.to(tl.float32), b.to(tl.float32)
@@ -91,7 +91,7 @@ def launch(docs: 'torch.Tensor', queries: 'torch.Tensor', weights: 'torch.Tensor
     if out is None:
         out = torch.empty((query_count, doc_count), dtype=torch.float32, device=docs.device)
     grid = (triton.cdiv(doc_count, block_docs) * triton.cdiv(query_count, block_queries),)
-    _maxsim_kernel[grid](docs, queries, weights, out, doc_count, query_count, dim, LENGTH=length,
+    _maxsim_kernel[grid](docs, queries, weights, out, doc_count, query_count, DIM=dim, LENGTH=length,
                          SUB_LENGTH=sub_length, QUERY_LENGTH=query_length, BLOCK_DOCS=block_docs,
                          BLOCK_QUERIES=block_queries, BLOCK_K=block_k, WIDEN=interpreted(), num_warps=config.num_warps,
                          num_stages=config.num_stages)
