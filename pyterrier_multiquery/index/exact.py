@@ -24,7 +24,10 @@ with requires('dense'):
     import torch
 
 #: Unit roundoff of the formats the screening may multiply in.
-UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8}
+UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+#: The largest absolute error of rounding a value below a format's normal range (half its smallest subnormal),
+#: where the unit roundoff no longer bounds the relative error.
+UNDERFLOW = {torch.float32: 2.0 ** -150, torch.bfloat16: 2.0 ** -134, torch.float16: 2.0 ** -25}
 #: Unit roundoff of float32 matrix products' inputs at each ``torch.get_float32_matmul_precision()``: the exact
 #: inputs at ``highest``, TensorFloat-32's at ``high``, bfloat16's at ``medium``.
 FLOAT32_INPUT_ROUNDOFF = {'highest': 0.0, 'high': 2.0 ** -11, 'medium': 2.0 ** -8}
@@ -65,29 +68,45 @@ def similarity_error(dtype: 'torch.dtype', dim: int) -> float:
 
 
 def product_error(dim: int, input_roundoff: float, output_roundoff: float,
-                  accumulation_roundoff: float = UNIT_ROUNDOFF[torch.float32]) -> float:
-    """``c`` such that an inner product of ``dim`` terms is within ``c * |q| * |d|`` of the exact one when its
-    inputs are rounded with unit roundoff ``input_roundoff``, its products summed in any order with
+                  accumulation_roundoff: float = UNIT_ROUNDOFF[torch.float32],
+                  document_roundoff: Optional[float] = None) -> float:
+    """``c`` such that an inner product of ``dim`` terms is within ``c * |q| * |d|`` of the exact one when the
+    query's values are rounded with unit roundoff ``input_roundoff`` and the document's with ``document_roundoff``
+    (default: the same; 0 where they are held exactly), the products summed in any order with
     ``accumulation_roundoff`` (at most ``gamma_dim`` of the sum of the products' magnitudes) and the sum rounded
-    with ``output_roundoff``: ``(1 + u_in)^2 (1 + gamma_dim) (1 + u_out) - 1``, with Cauchy-Schwarz bounding the
-    sum of the products' magnitudes by ``|q| * |d|``."""
+    with ``output_roundoff``: ``(1 + u_q) (1 + u_d) (1 + gamma_dim) (1 + u_out) - 1``, with Cauchy-Schwarz bounding
+    the sum of the products' magnitudes by ``|q| * |d|``. Values below the formats' normal range add
+    :func:`underflow_error`."""
+    document_roundoff = input_roundoff if document_roundoff is None else document_roundoff
     gamma = dim * accumulation_roundoff / (1 - dim * accumulation_roundoff)
-    return (1 + input_roundoff) ** 2 * (1 + gamma) * (1 + output_roundoff) - 1
+    return (1 + input_roundoff) * (1 + document_roundoff) * (1 + gamma) * (1 + output_roundoff) - 1
+
+
+def underflow_error(dim: int, underflow: float, query_norm, document_norm: float, similarity: float):
+    """What values rounded below their format's normal range, each by at most ``underflow`` (:data:`UNDERFLOW`),
+    add to the error of an inner product of ``dim`` terms (``similarity``: its :func:`product_error`): each term
+    gains at most ``underflow * (|q_k| + |d_k|) (1 + u) + underflow^2``, whose sum is at most ``underflow * sqrt(dim)
+    * (|q| + |d|) (1 + u) + dim * underflow^2``, and the accumulation and output roundings scale that by less than
+    ``1 + similarity``."""
+    return (1 + similarity) ** 2 * (underflow * np.sqrt(dim) * (query_norm + document_norm) + dim * underflow ** 2)
 
 
 def screening_error(query: np.ndarray, max_norm: float, dtype: 'torch.dtype', aggregate: str,
-                    similarity: Optional[float] = None) -> float:
+                    similarity: Optional[float] = None, underflow: Optional[float] = None) -> float:
     """The most a query's screened MaxSim score can differ from its exact one, against documents whose vectors have
     norms of at most ``max_norm``: each vector's maximum is off by at most ``similarity`` (default:
-    :func:`similarity_error` of ``dtype``) times the norms, and the float32 sum of the maxima (and the mean's
-    weights) adds ``gamma_Q`` and two roundings."""
+    :func:`similarity_error` of ``dtype``) times the norms, plus :func:`underflow_error` (``underflow``, default:
+    ``dtype``'s), and the float32 sum of the maxima (and the mean's weights) adds ``gamma_Q`` and two roundings."""
     u32 = UNIT_ROUNDOFF[torch.float32]
-    count = len(query)
+    count, dim = query.shape
     norms = np.linalg.norm(query.astype(np.float64), axis=1)
     if similarity is None:
-        similarity = similarity_error(dtype, query.shape[1])
-    bound = (1 + similarity) * (1 + count * u32 / (1 - count * u32)) * (1 + u32) ** 2 - 1
-    total = bound * max_norm * float(norms.sum())
+        similarity = similarity_error(dtype, dim)
+    if underflow is None:
+        underflow = UNDERFLOW[dtype]
+    summed = (1 + count * u32 / (1 - count * u32)) * (1 + u32) ** 2
+    total = ((1 + similarity) * summed - 1) * max_norm * float(norms.sum()) + \
+        summed * float(underflow_error(dim, underflow, norms, max_norm, similarity).sum())
     return total / count if aggregate == 'mean' else total
 
 
@@ -108,10 +127,11 @@ class ScreenedBatch:
     PRUNE_AT = 1 << 22
 
     def __init__(self, queries: List[np.ndarray], *, k: int, aggregate: str, max_norm: float, device: str,
-                 dtype: 'torch.dtype', similarity: Optional[float] = None):
+                 dtype: 'torch.dtype', similarity: Optional[float] = None, underflow: Optional[float] = None):
         """
         Args:
             similarity: The bound of the screening's inner products (:func:`screening_error`).
+            underflow: The absolute rounding error of its inputs below their normal range (:func:`screening_error`).
         """
         self.k, self.device, self.dtype = k, device, dtype
         lengths = np.array([len(q) for q in queries])
@@ -126,7 +146,8 @@ class ScreenedBatch:
         #: ``weights``, about twice as fast), or None.
         self.query_length = int(lengths[0]) if (lengths == lengths[0]).all() else None
         self.aggregate = aggregate
-        self.error = torch.tensor([screening_error(q, max_norm, dtype, aggregate, similarity) for q in queries],
+        self.error = torch.tensor([screening_error(q, max_norm, dtype, aggregate, similarity, underflow)
+                                   for q in queries],
                                   dtype=torch.float64, device=device)
         self.top = torch.empty((len(queries), 0), device=device)  # the k best screened scores so far
         self.pool = []  # (query rows, docids, screened scores) of the documents not ruled out when screened

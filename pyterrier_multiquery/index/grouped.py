@@ -1,4 +1,4 @@
-"""Exact MaxSim search shaped for a GPU: documents grouped by length, their vectors kept in bfloat16 on the device,
+"""Exact MaxSim search shaped for a GPU: documents grouped by length, their vectors kept in 16 bits on the device,
 and each document's maxima taken in the kernel that multiplies (:mod:`.maxsim_kernel`), so that the similarity
 matrix never reaches device memory.
 
@@ -9,11 +9,18 @@ the device while a memory budget allows (by default half of what is free there),
 (pinned where CUDA is), copied to the device one at a time during each search: a collection larger than the card
 is streamed, not refused.
 
-The screening's bound (:func:`grouped_similarity_error`) holds for bfloat16 inputs (unit roundoff 2^-8), float32
-accumulation in any order with a unit roundoff of 2^-20 per addition (16 times float32's: tensor cores truncate
-their sums and align the summands of a step to one exponent, which costs a few bits, not four), and, on the
-torch path, the rounding of the bfloat16 product it returns. The documents the bound cannot rule out are scored in
-float64 (:func:`~.exact.scored_candidates`), so that rankings and scores are those of the CPU.
+The 16 bits are float16 where every stored vector's norm is below :data:`FLOAT16_LIMIT` (:func:`group_dtype`), else
+bfloat16: the tensor cores multiply both at the same speed, and float16 keeps three more bits (unit roundoff 2^-11
+against 2^-8), so that its bound is several times tighter and fewer documents are left to score in float64; an index
+stored in float16 is then held exactly, and only the queries are rounded. Queries are scaled by a power of two to
+the top of float16's range, and their weights by its inverse, so that the scores come out unscaled.
+
+The screening's bound (:func:`grouped_similarity_error`) holds for those inputs, float32 accumulation in any order
+with a unit roundoff of 2^-20 per addition (16 times float32's: tensor cores truncate their sums and align the
+summands of a step to one exponent, which costs a few bits, not four), and, on the torch path, the rounding of the
+bfloat16 product it returns (it multiplies float16 in float32, whose products are exact); values rounded below
+float16's normal range add an absolute term (:func:`~.exact.underflow_error`). The documents the bound cannot rule
+out are scored in float64 (:func:`~.exact.scored_candidates`), so that rankings and scores are those of the CPU.
 """
 import functools
 import warnings
@@ -23,18 +30,25 @@ import numpy as np
 import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
-from pyterrier_multiquery.index.exact import UNIT_ROUNDOFF, ScreenedBatch, product_error, scored_candidates
+from pyterrier_multiquery.index.exact import UNDERFLOW, UNIT_ROUNDOFF, ScreenedBatch, product_error, scored_candidates
 from pyterrier_multiquery.index.maxsim import padded_queries
 
 with requires('dense'):
     import torch
 
-#: The format of the grouped vectors and of the screening's inputs.
-GROUP_DTYPE = torch.bfloat16
+#: Stored vectors whose norms are all below this are grouped in float16 (its largest value is 65,504), others in
+#: bfloat16.
+FLOAT16_LIMIT = 2.0 ** 15
 #: The unit roundoff granted to each addition of the products' float32 sums (see the module's docstring).
 ACCUMULATION_ROUNDOFF = 2.0 ** -20
 #: Stored vectors (padding included) in one chunk of a group.
 CHUNK_VECTORS = 1 << 21
+
+
+def group_dtype(max_norm: float) -> 'torch.dtype':
+    """The format of the grouped vectors, and of the screening's inputs, for stored vectors of norms at most
+    ``max_norm``: float16 below :data:`FLOAT16_LIMIT`, else bfloat16."""
+    return torch.float16 if max_norm < FLOAT16_LIMIT else torch.bfloat16
 
 
 def padded_lengths(lengths: np.ndarray) -> np.ndarray:
@@ -51,12 +65,14 @@ class GroupChunk(NamedTuple):
 
 
 class LengthGroups:
-    """An index's (or shard's) documents grouped by padded length in bfloat16, as far as a memory budget allows on
+    """An index's (or shard's) documents grouped by padded length in 16 bits, as far as a memory budget allows on
     the search device and in host memory beyond it (:meth:`chunks` streams those)."""
 
-    def __init__(self, chunks: List[GroupChunk], device: str):
+    def __init__(self, chunks: List[GroupChunk], device: str, dtype: 'torch.dtype', exact: bool):
         self.device = device
         self.chunk_list = chunks
+        #: The vectors' format, and whether it holds the stored values exactly (a float16 index in float16).
+        self.dtype, self.exact = dtype, exact
         #: Bytes of the vectors kept on the device, and of those in host memory, streamed at each search.
         self.resident_bytes = sum(chunk.vectors.nbytes for chunk in chunks if chunk.resident)
         self.streamed_bytes = sum(chunk.vectors.nbytes for chunk in chunks if not chunk.resident)
@@ -64,13 +80,15 @@ class LengthGroups:
         self.copies = 0
 
     @classmethod
-    def build(cls, vectors, offsets: np.ndarray, device: str, *, budget_bytes: Optional[int] = None,
-              chunk_vectors: int = CHUNK_VECTORS, verbose: bool = False) -> 'LengthGroups':
+    def build(cls, vectors, offsets: np.ndarray, device: str, *, dtype: 'torch.dtype' = torch.bfloat16,
+              budget_bytes: Optional[int] = None, chunk_vectors: int = CHUNK_VECTORS,
+              verbose: bool = False) -> 'LengthGroups':
         """Groups the documents of stored ``vectors`` (a memory map: read a chunk at a time) whose rows
         ``offsets[i]:offsets[i + 1]`` belong to document ``i``.
 
         Args:
             device: The search device.
+            dtype: The vectors' format: :func:`group_dtype` of their largest norm.
             budget_bytes: Device memory the grouped vectors may take (default: half of the free memory of a GPU;
                 no limit on the CPU); the chunks beyond it stay in host memory.
             chunk_vectors: Padded vectors per chunk.
@@ -90,7 +108,7 @@ class LengthGroups:
             pieces = pt.tqdm(pieces, desc='grouping documents by length', unit='chunk')
         chunks, used = [], 0
         for length, docids in pieces:
-            block = _padded_block(vectors, offsets, lengths, docids, length)
+            block = _padded_block(vectors, offsets, lengths, docids, length, dtype)
             resident = used + block.nbytes <= budget_bytes
             if resident:
                 used += block.nbytes
@@ -98,7 +116,7 @@ class LengthGroups:
             elif device.startswith('cuda'):
                 block = block.pin_memory()
             chunks.append(GroupChunk(torch.from_numpy(docids).to(device), block, resident))
-        return cls(chunks, device)
+        return cls(chunks, device, dtype, exact=dtype == torch.float16 and vectors.dtype == np.float16)
 
     def chunks(self) -> Iterator[GroupChunk]:
         """Every chunk, its vectors on the search device (copied there from host memory where they are kept)."""
@@ -113,9 +131,10 @@ class LengthGroups:
         return len(self.chunk_list)
 
 
-def _padded_block(vectors, offsets: np.ndarray, lengths: np.ndarray, docids: np.ndarray,
-                  length: int) -> 'torch.Tensor':
-    """The ``(documents, length, dim)`` bfloat16 vectors of ``docids``, each padded with copies of its last vector."""
+def _padded_block(vectors, offsets: np.ndarray, lengths: np.ndarray, docids: np.ndarray, length: int,
+                  dtype: 'torch.dtype') -> 'torch.Tensor':
+    """The ``(documents, length, dim)`` vectors of ``docids`` in ``dtype``, each padded with copies of its last
+    vector."""
     first, last = offsets[docids[0]], offsets[docids[-1] + 1]
     if (lengths[docids] == length).all() and last - first == len(docids) * length:  # consecutive, unpadded
         rows = np.asarray(vectors[first:last])
@@ -124,14 +143,17 @@ def _padded_block(vectors, offsets: np.ndarray, lengths: np.ndarray, docids: np.
         rows = np.asarray(vectors[index.reshape(-1)])
     with warnings.catch_warnings():  # a read-only memory map: only read here, by the conversion
         warnings.filterwarnings('ignore', message='The given NumPy array is not writable')
-        return torch.from_numpy(np.ascontiguousarray(rows)).to(GROUP_DTYPE).view(len(docids), length, -1)
+        return torch.from_numpy(np.ascontiguousarray(rows)).to(dtype).view(len(docids), length, -1)
 
 
-def grouped_similarity_error(dim: int, backend: str) -> float:
-    """The bound of a screened inner product of ``dim`` terms (:func:`~.exact.product_error`): bfloat16 inputs,
-    float32 sums with :data:`ACCUMULATION_ROUNDOFF`, and the torch backend's bfloat16 result."""
-    u16 = UNIT_ROUNDOFF[torch.bfloat16]
-    return product_error(dim, u16, u16 if backend == 'torch' else 0.0, ACCUMULATION_ROUNDOFF)
+def grouped_similarity_error(dim: int, backend: str, dtype: 'torch.dtype' = torch.bfloat16,
+                             exact_documents: bool = False) -> float:
+    """The bound of a screened inner product of ``dim`` terms (:func:`~.exact.product_error`): inputs in ``dtype``
+    (the documents' held exactly where ``exact_documents``), float32 sums with :data:`ACCUMULATION_ROUNDOFF`, and
+    the torch backend's bfloat16 result."""
+    u16 = UNIT_ROUNDOFF[dtype]
+    output = u16 if backend == 'torch' and dtype == torch.bfloat16 else 0.0
+    return product_error(dim, u16, output, ACCUMULATION_ROUNDOFF, 0.0 if exact_documents else u16)
 
 
 @functools.lru_cache(maxsize=None)
@@ -146,15 +168,20 @@ def screening_backend(device: str) -> str:
     return 'triton'
 
 
-def padded_query_tensors(queries: List[np.ndarray], aggregate: str, device: str) -> Tuple['torch.Tensor', ...]:
-    """Queries as ``(queries, power of two, dim)`` bfloat16 vectors padded with zero vectors, and the float32
-    weight of each vector's maximum (1, or 1 / the query's length for the mean; 0 for padding)."""
+def padded_query_tensors(queries: List[np.ndarray], aggregate: str, device: str,
+                         dtype: 'torch.dtype' = torch.bfloat16) -> Tuple['torch.Tensor', 'torch.Tensor', float]:
+    """Queries as ``(queries, power of two, dim)`` vectors in ``dtype`` padded with zero vectors, the float32 weight
+    of each vector's maximum (1, or 1 / the query's length for the mean; 0 for padding), and the power of two the
+    vectors were scaled by for float16 (the weights carry its inverse; 1 for bfloat16)."""
     padded, lengths = padded_queries(queries)
     width = int(padded_lengths(lengths.max(keepdims=True))[0])
     padded = np.pad(padded, ((0, 0), (0, width - padded.shape[1]), (0, 0)))
     weights = np.where(np.arange(width) < lengths[:, None], 1 / lengths[:, None] if aggregate == 'mean' else 1.0,
                        0.0).astype(np.float32)
-    return torch.from_numpy(padded).to(device).to(GROUP_DTYPE), torch.from_numpy(weights).to(device)
+    largest = float(np.abs(padded).max(initial=0.0))  # float16: to (2^13, 2^14], in range and above its subnormals
+    scale = 2.0 ** (14 - int(np.ceil(np.log2(largest)))) if dtype == torch.float16 and largest > 0 else 1.0
+    return (torch.from_numpy(padded * np.float32(scale)).to(device).to(dtype),
+            torch.from_numpy(weights / np.float32(scale)).to(device), scale)
 
 
 def screen(docs: 'torch.Tensor', queries: 'torch.Tensor', weights: 'torch.Tensor', backend: str,
@@ -167,14 +194,16 @@ def screen(docs: 'torch.Tensor', queries: 'torch.Tensor', weights: 'torch.Tensor
     count, length, dim = docs.shape
     columns = queries.shape[0] * queries.shape[1]
     step = max(1, tile_bytes // (2 * length * columns))
-    flat_queries = queries.reshape(columns, dim)
+    widen = docs.dtype == torch.float16  # in float32, whose products of float16 numbers are exact: no overflow
+    flat_queries = queries.reshape(columns, dim).float() if widen else queries.reshape(columns, dim)
     parts = []
     previous = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False  # float32 sums, as the bound has
     try:
         for start in range(0, count, step):
             tile = docs[start:start + step]
-            sims = tile.reshape(-1, dim) @ flat_queries.T  # (tile vectors, query vectors), in bfloat16
+            rows = tile.reshape(-1, dim).float() if widen else tile.reshape(-1, dim)
+            sims = rows @ flat_queries.T  # (tile vectors, query vectors), in bfloat16 or float32
             maxima = sims.view(len(tile), length, columns).amax(dim=1).float()
             parts.append((maxima.view(len(tile), *weights.shape) * weights).sum(dim=2))
     finally:
@@ -192,11 +221,12 @@ def grouped_exact_top(queries: List[np.ndarray], groups: LengthGroups, vectors, 
         backend: ``triton`` or ``torch`` (default: :func:`screening_backend` of the device).
     """
     backend = backend or screening_backend(device)
-    similarity = grouped_similarity_error(vectors.shape[1], backend)
+    similarity = grouped_similarity_error(vectors.shape[1], backend, groups.dtype, groups.exact)
+    padded, weights, scale = padded_query_tensors(queries, aggregate, device, groups.dtype)
     batches = [ScreenedBatch(queries[start:start + batch_size], k=num_results, aggregate=aggregate,
-                             max_norm=max_norm, device=device, dtype=GROUP_DTYPE, similarity=similarity)
+                             max_norm=max_norm, device=device, dtype=groups.dtype, similarity=similarity,
+                             underflow=UNDERFLOW[groups.dtype] / scale)
                for start in range(0, len(queries), batch_size)]
-    padded, weights = padded_query_tensors(queries, aggregate, device)
     chunks = groups.chunks()
     if label is not None:
         chunks = pt.tqdm(chunks, total=len(groups), desc=label, unit='chunk')

@@ -1,6 +1,6 @@
 """A Triton kernel for the screening of exact MaxSim search on a GPU: the products of documents' and queries'
-vectors on the tensor cores (bfloat16 inputs, float32 accumulation), each document's maxima and each query's
-weighted sum of them in registers, so that only the ``(queries, documents)`` scores reach device memory.
+vectors on the tensor cores (float16 or bfloat16 inputs, float32 accumulation), each document's maxima and each
+query's weighted sum of them in registers, so that only the ``(queries, documents)`` scores reach device memory.
 
 Documents come as a ``(documents, length, dim)`` tensor of one length, a power of two (:mod:`.grouped` pads them);
 queries as a ``(queries, query_length, dim)`` tensor padded with zero vectors, whose weights are 0. With
@@ -120,8 +120,8 @@ def fused_maxsim(docs: 'torch.Tensor', queries: 'torch.Tensor', weights: 'torch.
     """Screened scores of documents of one length against padded queries.
 
     Args:
-        docs: ``(documents, length, dim)`` bfloat16 vectors, ``length`` a power of two.
-        queries: ``(queries, query_length, dim)`` bfloat16 vectors, ``query_length`` a power of two.
+        docs: ``(documents, length, dim)`` float16 or bfloat16 vectors, ``length`` a power of two.
+        queries: ``(queries, query_length, dim)`` vectors of the same format, ``query_length`` a power of two.
         weights: ``(queries, query_length)`` float32 weights of each query vector's maximum (0 for padding).
 
     Returns:

@@ -99,12 +99,12 @@ class ShardSearcher:
     def length_groups(self, payload, device: str, label: Optional[str] = None):
         """The shard's documents grouped by length for searches on ``device`` (:class:`~.grouped.LengthGroups`),
         made at the first search there and kept while the shard is unchanged."""
-        from pyterrier_multiquery.index.grouped import LengthGroups
+        from pyterrier_multiquery.index.grouped import LengthGroups, group_dtype
         key = ('groups', device)
         if key not in self._resident or self._resident[key][0] is not payload[0]:
             self._resident.pop(key, None)  # the groups of an earlier build go before their successor comes
-            self._resident[key] = (payload[0], LengthGroups.build(payload[1], payload[2], device,
-                                                                  verbose=label is not None))
+            self._resident[key] = (payload[0], LengthGroups.build(
+                payload[1], payload[2], device, dtype=group_dtype(self.max_norm(payload)), verbose=label is not None))
         return self._resident[key][1]
 
     def stored_vectors(self, payload, device: str):
