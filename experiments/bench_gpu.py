@@ -29,6 +29,10 @@ system's; 'TFLOP/s' counts useful products only (2 x query vectors x stored vect
 it by the bfloat16 matmul peak of an 8192^3 product measured at the start and end of the run (the higher). Rankings:
 each system's top 10 against index exact on the CPU: the share of queries in the same order, recall@10, and the
 largest score difference on shared docnos. Writes ``--out`` .md/.json after each workload.
+
+Profile: one more search of the index on the GPU under ``torch.profiler``, its phases labelled (screen: the kernel
+launches; bookkeeping: each batch's running top k and survivors; rescore: the survivors' float64 scores; frame: the
+result frame), written to ``--out``_profile.txt with the kernels that took the most device time.
 """
 import argparse
 import platform
@@ -41,7 +45,7 @@ import pandas as pd
 import torch
 
 from pyterrier_multiquery.experiment.evaluation import write_report
-from pyterrier_multiquery.index import MultiVectorIndex
+from pyterrier_multiquery.index import MultiVectorIndex, exact, grouped, maxsim
 
 K = 10
 #: The search device: cuda, or cpu for a dry run of the script (the index then screens by length groups there too).
@@ -202,6 +206,42 @@ class FastPlaid:
         return found
 
 
+#: The phases of a search the profile labels: (label, owner, attribute).
+PHASES = [('screen', grouped, 'screen'), ('bookkeeping', exact.ScreenedBatch, 'add'),
+          ('rescore', grouped, 'scored_candidates'), ('frame', maxsim, 'result_frame')]
+
+
+def labelled(function, label: str):
+    """``function`` inside a ``torch.profiler.record_function`` of ``label``."""
+    def wrapper(*args, **kwargs):
+        with torch.profiler.record_function(label):
+            return function(*args, **kwargs)
+    return wrapper
+
+
+def profile(system, name: str) -> str:
+    """A search of ``system`` under the profiler: the labelled phases' host time (each includes its waits on the
+    device) and the kernels that took the most device time."""
+    originals = [(owner, attribute, getattr(owner, attribute)) for _, owner, attribute in PHASES]
+    for (label, owner, attribute), (_, _, original) in zip(PHASES, originals):
+        setattr(owner, attribute, labelled(original, label))
+    activities = [torch.profiler.ProfilerActivity.CPU] + \
+        ([torch.profiler.ProfilerActivity.CUDA] if DEVICE == 'cuda' else [])
+    try:
+        with torch.profiler.profile(activities=activities) as profiler:
+            with torch.profiler.record_function('search'):
+                system.search()
+    finally:
+        for owner, attribute, original in originals:
+            setattr(owner, attribute, original)
+    events = profiler.key_averages()
+    phases = {e.key: e.cpu_time_total / 1e3 for e in events if e.key in {'search', *(p[0] for p in PHASES)}}
+    lines = [f'## {name}: {system.name}', '', 'host ms by phase: ' +
+             ', '.join(f'{key} {phases.get(key, 0):.2f}' for key in ['search', *(p[0] for p in PHASES)]), '']
+    sort = 'self_device_time_total' if DEVICE == 'cuda' else 'self_cpu_time_total'
+    return '\n'.join(lines) + events.table(sort_by=sort, row_limit=15) + '\n'
+
+
 def tops(system, found, docnos) -> dict:
     """qid -> (docnos, scores) of a system's result."""
     if isinstance(found, pd.DataFrame):
@@ -283,6 +323,8 @@ def run_workload(name: str, args) -> list:
         peers, plaid_builds = plaid_systems(vectors, offsets, queries, args.work_dir)
         systems += peers
     results, seconds = timed(systems, args.repeats)
+    with open(f'{args.out}_profile.txt', 'a') as f:
+        f.write(profile(cuda, name))
     checked_on_cpu = len(lengths) <= args.cpu_check_docs
     if checked_on_cpu:
         cpu_start = time.perf_counter()
@@ -335,6 +377,7 @@ def main():
         from pyterrier_multiquery.index import shardwise
         shardwise.uses_length_groups = lambda device: True
     args.work_dir.mkdir(parents=True, exist_ok=True)
+    Path(f'{args.out}_profile.txt').unlink(missing_ok=True)
     started = time.perf_counter()
     peaks, rows = [bf16_peak()], []
     machine = (f'{torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU dry run"}, '
