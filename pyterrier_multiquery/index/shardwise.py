@@ -82,15 +82,17 @@ class ShardSearcher:
     def exact(self, queries: List[np.ndarray], *, qids: list, **settings) -> list:
         """Each batch's top documents by exact MaxSim (``settings`` as :func:`~.exact.exact_top`; ``qids``: the
         queries'), as ``(scores, docids, counts)``: on a GPU over the documents grouped by length
-        (:func:`~.grouped.grouped_exact_top`), elsewhere block by block in index order."""
+        (:func:`~.grouped.grouped_exact_top`; the survivors scored from the stored vectors' copy there where it fits,
+        :meth:`stored_vectors`), elsewhere block by block in index order."""
         payload = self.payload()
         check = ScoreCheck(qids, payload, self.shard.path)
         device = settings['device']
         if uses_length_groups(device):
             from pyterrier_multiquery.index.grouped import grouped_exact_top
             settings.pop('block_vectors')
-            top = grouped_exact_top(queries, self.length_groups(payload, device, settings['label']), payload[1],
-                                    payload[2], check=check, max_norm=self.max_norm(payload), **settings)
+            groups = self.length_groups(payload, device, settings['label'])  # before the copy: it takes memory
+            top = grouped_exact_top(queries, groups, self.stored_vectors(payload, device), payload[2], check=check,
+                                    max_norm=self.max_norm(payload), **settings)
         else:
             top = exact_top(queries, self.stored_vectors(payload, device), payload[2], check=check,
                             max_norm=self.max_norm(payload), **settings)
