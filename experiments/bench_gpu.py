@@ -30,9 +30,10 @@ it by the bfloat16 matmul peak of an 8192^3 product measured at the start and en
 each system's top 10 against index exact on the CPU: the share of queries in the same order, recall@10, and the
 largest score difference on shared docnos. Writes ``--out`` .md/.json after each workload.
 
-Profile: one more search of the index on the GPU under ``torch.profiler``, its phases labelled (screen: the kernel
-launches; bookkeeping: each batch's running top k and survivors; rescore: the survivors' float64 scores; frame: the
-result frame), written to ``--out``_profile.txt with the kernels that took the most device time.
+Profile: one more search of the index on the GPU under ``torch.profiler``, its phases labelled and timed (screen:
+the kernel launches; bookkeeping: the running top k and survivors; rescore: the survivors' float64 scores; frame:
+the result frame; each to the device's end of its work, which the profile's own overhead inflates), written to
+``--out``_profile.txt with the kernels that took the most device time.
 """
 import argparse
 import platform
@@ -211,35 +212,38 @@ PHASES = [('screen', grouped, 'screen'), ('bookkeeping', exact.ScreenedBatch, 'a
           ('rescore', grouped, 'scored_candidates'), ('frame', maxsim, 'result_frame')]
 
 
-def labelled(function, label: str):
-    """``function`` inside a ``torch.profiler.record_function`` of ``label``."""
+def labelled(function, label: str, seconds: dict):
+    """``function`` inside a ``torch.profiler.record_function`` of ``label``, its wall time (to the device's end of
+    its work) added to ``seconds[label]``."""
     def wrapper(*args, **kwargs):
+        start = time.perf_counter()
         with torch.profiler.record_function(label):
-            return function(*args, **kwargs)
+            out = function(*args, **kwargs)
+        synchronize()
+        seconds[label] = seconds.get(label, 0.0) + time.perf_counter() - start
+        return out
     return wrapper
 
 
 def profile(system, name: str) -> str:
-    """A search of ``system`` under the profiler: the labelled phases' host time (each includes its waits on the
-    device) and the kernels that took the most device time."""
+    """A search of ``system`` under the profiler: the labelled phases' wall time (each to the device's end of its
+    work) and the kernels that took the most device time."""
+    seconds = {}
     originals = [(owner, attribute, getattr(owner, attribute)) for _, owner, attribute in PHASES]
     for (label, owner, attribute), (_, _, original) in zip(PHASES, originals):
-        setattr(owner, attribute, labelled(original, label))
+        setattr(owner, attribute, labelled(original, label, seconds))
     activities = [torch.profiler.ProfilerActivity.CPU] + \
         ([torch.profiler.ProfilerActivity.CUDA] if DEVICE == 'cuda' else [])
     try:
         with torch.profiler.profile(activities=activities) as profiler:
-            with torch.profiler.record_function('search'):
-                system.search()
+            labelled(system.search, 'search', seconds)()
     finally:
         for owner, attribute, original in originals:
             setattr(owner, attribute, original)
-    events = profiler.key_averages()
-    phases = {e.key: e.cpu_time_total / 1e3 for e in events if e.key in {'search', *(p[0] for p in PHASES)}}
-    lines = [f'## {name}: {system.name}', '', 'host ms by phase: ' +
-             ', '.join(f'{key} {phases.get(key, 0):.2f}' for key in ['search', *(p[0] for p in PHASES)]), '']
+    lines = [f'## {name}: {system.name}', '', 'wall ms by phase: ' +
+             ', '.join(f'{key} {1e3 * seconds.get(key, 0):.2f}' for key in ['search', *(p[0] for p in PHASES)]), '']
     sort = 'self_device_time_total' if DEVICE == 'cuda' else 'self_cpu_time_total'
-    return '\n'.join(lines) + events.table(sort_by=sort, row_limit=15) + '\n'
+    return '\n'.join(lines) + profiler.key_averages().table(sort_by=sort, row_limit=15) + '\n'
 
 
 def tops(system, found, docnos) -> dict:

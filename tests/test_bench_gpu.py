@@ -51,3 +51,10 @@ def test_a_tiny_dry_run_writes_the_report(bench, tmp_path, monkeypatch):
     assert grouped['same order'] == 1.0 and grouped['max |Δscore|'] == 0.0  # the CPU's rankings and scores
     assert grouped['checked against'] == 'index exact (cpu)' and grouped['host GiB (streamed)'] == 0
     assert grouped['docs'] == 1000 and grouped['stored vectors'] >= 4 * 1000
+    profile = Path(f'{out}_profile.txt').read_text()
+    assert profile.startswith('## ragged-1k: index exact (cpu)')
+    phases = dict(part.rsplit(' ', 1) for part in profile.splitlines()[2].removeprefix('wall ms by phase: ').split(', '))
+    assert set(phases) == {'search', 'screen', 'bookkeeping', 'rescore', 'frame'}
+    assert 0 < float(phases['screen']) < float(phases['search'])  # the phases were timed inside the search
+    for owner, attribute in [(bench.grouped, 'screen'), (bench.maxsim, 'result_frame')]:
+        assert getattr(owner, attribute).__module__ != 'bench_gpu'  # the library's own functions, put back

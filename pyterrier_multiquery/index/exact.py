@@ -134,24 +134,31 @@ class ScreenedBatch:
             underflow: The absolute rounding error of its inputs below their normal range (:func:`screening_error`).
         """
         self.k, self.device, self.dtype = k, device, dtype
-        lengths = np.array([len(q) for q in queries])
-        stacked = np.concatenate(queries)
-        self.vector_count = len(stacked)
-        self.screen_vectors = aligned(stacked).to(device).to(dtype)  # (query vectors, dim)
-        weights = np.zeros((len(stacked), len(queries)), dtype=np.float32)  # each query's sum (or mean) of maxima
-        weights[np.arange(len(stacked)), np.repeat(np.arange(len(queries)), lengths)] = \
-            1 / np.repeat(lengths, lengths) if aggregate == 'mean' else 1
-        self.weights = torch.from_numpy(weights).to(device)
+        self.queries = queries
+        self.lengths = np.array([len(q) for q in queries])
+        self.vector_count = int(self.lengths.sum())
         #: The queries' common number of vectors (their maxima are then summed in place of the product with
         #: ``weights``, about twice as fast), or None.
-        self.query_length = int(lengths[0]) if (lengths == lengths[0]).all() else None
+        self.query_length = int(self.lengths[0]) if (self.lengths == self.lengths[0]).all() else None
         self.aggregate = aggregate
         self.error = torch.tensor([screening_error(q, max_norm, dtype, aggregate, similarity, underflow)
-                                   for q in queries],
-                                  dtype=torch.float64, device=device)
+                                   for q in queries], dtype=torch.float64, device=device)
         self.top = torch.empty((len(queries), 0), device=device)  # the k best screened scores so far
         self.pool = []  # (query rows, docids, screened scores) of the documents not ruled out when screened
         self.pooled = 0
+
+    @functools.cached_property
+    def screen_vectors(self) -> 'torch.Tensor':
+        """The queries' vectors in the screening dtype, ``(query vectors, dim)`` (:meth:`screen`)."""
+        return aligned(np.concatenate(self.queries)).to(self.device).to(self.dtype)
+
+    @functools.cached_property
+    def weights(self) -> 'torch.Tensor':
+        """``(query vectors, queries)``: each query's sum (or mean) of its vectors' maxima (:meth:`screen`)."""
+        weights = np.zeros((self.vector_count, len(self.queries)), dtype=np.float32)
+        weights[np.arange(self.vector_count), np.repeat(np.arange(len(self.queries)), self.lengths)] = \
+            1 / np.repeat(self.lengths, self.lengths) if self.aggregate == 'mean' else 1
+        return torch.from_numpy(weights).to(self.device)
 
     def screen(self, block, block_offsets: np.ndarray, tile_vectors: int):
         """Screened ``(queries, documents)`` scores of a block of documents (``block``: their vectors in the
@@ -177,22 +184,27 @@ class ScreenedBatch:
         summed = maxima.view(len(maxima), -1, self.query_length).sum(dim=2)
         return summed / self.query_length if self.aggregate == 'mean' else summed
 
-    def add(self, screened, first) -> None:
+    def add(self, screened, first) -> 'torch.Tensor':
         """Takes the screened scores of the documents ``first, first + 1, ...`` (or, where ``first`` is a tensor,
         of the documents it holds), none added before: raises each query's ``k``-th screened score and keeps the
         documents at or above its :meth:`floor`, and those whose screened score is not finite (a float32 sum that
-        overflowed: their exact scores decide)."""
+        overflowed: their exact scores decide). Returns where the scores are not finite.
+
+        The running top ``k`` is merged with the block's own top ``k``, and the floor is compared in float32 (rounded
+        down), so that no copy of the block's scores is made beyond one with its non-finite scores masked."""
         unknown = ~torch.isfinite(screened)
-        self.top = torch.cat([self.top, screened.masked_fill(unknown, -torch.inf)], dim=1)
+        known = screened.masked_fill(unknown, -torch.inf)
+        self.top = torch.cat([self.top, known.topk(min(self.k, known.shape[1]), dim=1).values], dim=1)
         self.top = self.top.topk(min(self.k, self.top.shape[1]), dim=1).values
-        screened = screened.masked_fill(unknown, torch.inf)
-        rows, columns = torch.nonzero(screened.double() >= self.floor()[:, None], as_tuple=True)
+        floor = float32_at_or_below(self.floor())
+        rows, columns = torch.nonzero((known >= floor[:, None]) | unknown, as_tuple=True)
         docids = first[columns] if isinstance(first, torch.Tensor) else columns + first
-        self.pool.append((rows, docids, screened[rows, columns]))
+        self.pool.append((rows, docids, screened[rows, columns].nan_to_num(torch.inf, torch.inf, torch.inf)))
         self.pooled += len(rows)
         if self.pooled > self.PRUNE_AT:  # the floor has risen since the first blocks: drop what fell below it
             self.pool = [self._pooled()]
             self.pooled = len(self.pool[0][0])
+        return unknown
 
     def floor(self):
         """Each query's lowest screened score that may still belong to its top ``k``: its ``k``-th screened score so
@@ -220,6 +232,14 @@ class ScreenedBatch:
         padded = np.full((len(self.top), counts.max()), -1, dtype=np.int64)
         padded[rows, np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)] = docids
         return padded
+
+
+def float32_at_or_below(values: 'torch.Tensor') -> 'torch.Tensor':
+    """The largest float32 at or below each float64 value: a float32 score is at or above it exactly where it is at or
+    above the value."""
+    rounded = values.float()
+    return torch.where(rounded.double() > values, torch.nextafter(rounded, torch.full_like(rounded, -torch.inf)),
+                       rounded)
 
 
 def screening_rows(vectors, rows: slice, device: str, dtype: 'torch.dtype') -> 'torch.Tensor':
@@ -264,10 +284,9 @@ def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_re
         block_offsets = offsets[first:last + 1] - offsets[first]
         block = screening_rows(vectors, slice(offsets[first], offsets[last]), device, dtype)
         for i, batch in enumerate(batches):
-            screened = batch.screen(block, block_offsets, tile_vectors[i])
-            if check is not None and not bool(torch.isfinite(screened).all()):  # a damaged document, or an overflow
-                check.stored_vectors(first + np.unique(np.nonzero(~torch.isfinite(screened).cpu().numpy())[1]))
-            batch.add(screened, first)
+            unknown = batch.add(batch.screen(block, block_offsets, tile_vectors[i]), first)
+            if check is not None and bool(unknown.any()):  # a damaged document, or an overflow
+                check.stored_vectors(first + np.unique(np.nonzero(unknown.cpu().numpy())[1]))
     return scored_candidates(batches, queries, batch_size, vectors, offsets, num_results=num_results,
                              aggregate=aggregate, tile_bytes=tile_bytes, device=device, check=check)
 

@@ -215,26 +215,26 @@ def grouped_exact_top(queries: List[np.ndarray], groups: LengthGroups, vectors, 
                       num_results: int, aggregate: str, batch_size: int, tile_bytes: int, device: str,
                       max_norm: float, backend: Optional[str] = None, label: Optional[str] = None, check=None):
     """Each query's top documents by exact MaxSim, as :func:`~.exact.exact_top`, screening the documents' grouped
-    vectors (every query against a chunk in one call) before scoring the survivors from the stored ``vectors``.
+    vectors (every query against a chunk in one call, their running top ``k`` and survivors kept together) before
+    scoring the survivors from the stored ``vectors`` (in steps of ``tile_bytes``).
 
     Args:
+        batch_size: The queries of each ``(scores, docids)`` returned.
         backend: ``triton`` or ``torch`` (default: :func:`screening_backend` of the device).
     """
     backend = backend or screening_backend(device)
     similarity = grouped_similarity_error(vectors.shape[1], backend, groups.dtype, groups.exact)
     padded, weights, scale = padded_query_tensors(queries, aggregate, device, groups.dtype)
-    batches = [ScreenedBatch(queries[start:start + batch_size], k=num_results, aggregate=aggregate,
-                             max_norm=max_norm, device=device, dtype=groups.dtype, similarity=similarity,
-                             underflow=UNDERFLOW[groups.dtype] / scale)
-               for start in range(0, len(queries), batch_size)]
+    batch = ScreenedBatch(queries, k=num_results, aggregate=aggregate, max_norm=max_norm, device=device,
+                          dtype=groups.dtype, similarity=similarity, underflow=UNDERFLOW[groups.dtype] / scale)
     chunks = groups.chunks()
     if label is not None:
         chunks = pt.tqdm(chunks, total=len(groups), desc=label, unit='chunk')
     for docids, docs, _ in chunks:
-        screened = screen(docs, padded, weights, backend, tile_bytes)
-        if check is not None and not bool(torch.isfinite(screened).all()):  # a damaged document, or an overflow
-            check.stored_vectors(np.unique(docids[torch.nonzero(~torch.isfinite(screened))[:, 1]].cpu().numpy()))
-        for i, batch in enumerate(batches):
-            batch.add(screened[i * batch_size:(i + 1) * batch_size], docids)
-    return scored_candidates(batches, queries, batch_size, vectors, offsets, num_results=num_results,
-                             aggregate=aggregate, tile_bytes=tile_bytes, device=device, check=check)
+        unknown = batch.add(screen(docs, padded, weights, backend, tile_bytes), docids)
+        if check is not None and bool(unknown.any()):  # a damaged document, or an overflow
+            check.stored_vectors(np.unique(docids[torch.nonzero(unknown)[:, 1]].cpu().numpy()))
+    (scores, docids), = scored_candidates([batch], queries, len(queries), vectors, offsets, num_results=num_results,
+                                          aggregate=aggregate, tile_bytes=tile_bytes, device=device, check=check)
+    return [(scores[start:start + batch_size], docids[start:start + batch_size])
+            for start in range(0, len(queries), batch_size)]
