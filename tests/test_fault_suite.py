@@ -427,3 +427,92 @@ def test_killed_parallel_builds_leave_no_worker_busy_or_idle(tmp_path, fault_cas
             survivor.kill()  # not left behind by a failing run
         assert alive == [], f'case {case} (killed {delay:.2f}s after its first worker started): {alive} outlived it'
     assert workers_seen >= 6, 'the kills did not find the workers running'
+
+
+def numbered(numbers) -> list:
+    """Documents ``u<n>`` whose vectors are drawn from seed ``n``: the same number, the same document."""
+    return [{'docno': f'u{n}', 'doc_embs': np.random.default_rng(n).normal(size=(1 + n % 3, DIM)).astype(np.float32)}
+            for n in numbers]
+
+
+UPDATES = st.lists(st.tuples(st.sampled_from(['add', 'remove']), st.lists(st.integers(0, 24), min_size=1,
+                                                                            max_size=5)), min_size=1, max_size=4)
+
+
+@pytest.mark.parametrize('cls', [MultiVectorIndex, ShardedMultiVectorIndex])
+@settings(max_examples=12, **FAST)
+@given(updates=UPDATES)
+def test_generated_updates_rank_as_a_fresh_build_or_are_refused(tmp_path_factory, fault_cases, cls, updates):
+    """Generated sequences of additions and removals, duplicate and unknown docnos among them: each update is made
+    whole or refused with the index as it was, and the index then ranks as a fresh build of its documents."""
+    path = tmp_path_factory.mktemp('updates') / 'index'
+    indexer = cls(path, verbose=False).indexer(**({'shard_size': 4} if cls is ShardedMultiVectorIndex else {}))
+    index = indexer.index(numbered(range(8)))
+    held = list(range(8))
+    for action, numbers in updates:
+        fault_cases()
+        build_id = index.payload()[0]['build_id']
+        if action == 'add':
+            refused = len(set(numbers)) < len(numbers) or bool(set(numbers) & set(held))
+            update, error = (lambda: index.add_documents(numbered(numbers))), ValueError
+        else:
+            refused = not set(numbers) <= set(held) or set(numbers) >= set(held)
+            update, error = (lambda: index.remove_documents([f'u{n}' for n in numbers])), (KeyError, ValueError)
+        if refused:
+            with pytest.raises(error):
+                update()
+            assert index.payload()[0]['build_id'] == build_id
+            continue
+        update()
+        held = held + list(numbers) if action == 'add' else [n for n in held if n not in numbers]
+    index = cls(path, verbose=False)
+    assert [d['docno'] for d in index.get_corpus_iter(verbose=False)] == [f'u{n}' for n in held]
+    fresh = MultiVectorIndex(path.parent / 'fresh', verbose=False).index(numbered(held))
+    expected = fresh.retriever(num_results=10)(QUERIES)
+    pd.testing.assert_frame_equal(index.retriever(num_results=10)(QUERIES), expected)
+    index.verify()
+
+
+def _update_forever(path, sharded):
+    index = (ShardedMultiVectorIndex if sharded else MultiVectorIndex)(path, verbose=False)
+    step = 0
+    while True:
+        step += 1
+        index.add_documents(tagged_build(10 + step, 300))
+        index.remove_documents([f'b{10 + step}-{i}' for i in range(0, 300, 2)])
+
+
+@pytest.mark.parametrize('cls', [MultiVectorIndex, ShardedMultiVectorIndex])
+def test_updates_killed_at_random_points(tmp_path, fault_cases, cls):
+    """A process adding and removing documents, killed at a random point: the index opens, verifies and holds the
+    documents of a whole update (each removal takes the even-numbered half of the last addition), and ranks as a
+    fresh build of them."""
+    context = multiprocessing.get_context('fork')
+    sharded = cls is ShardedMultiVectorIndex
+    counts = set()
+    for case, delay in enumerate(np.random.default_rng(2).uniform(0.05, 2.0, size=6)):
+        fault_cases()
+        path = tmp_path / f'case-{case}'
+        (cls(path, verbose=False).indexer(shard_size=200) if sharded else cls(path, verbose=False).indexer()).index(
+            tagged_build(1, 200))
+        writer = context.Process(target=_update_forever, args=(path, sharded))
+        writer.start()
+        time.sleep(delay)
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.join()
+        index = cls(path, verbose=False)
+        index.verify()
+        docnos = [d['docno'] for d in index.get_corpus_iter(verbose=False)]
+        last = max(int(d.split('-')[0][1:]) for d in docnos)
+        tail = [d for d in docnos if d.startswith(f'b{last}-')]
+        assert docnos[:200] == [f'b1-{i}' for i in range(200)]
+        assert len(tail) in (150, 300) or last == 1, (case, len(tail))  # after an addition, or after its removal
+        counts.add(len(docnos))
+        fresh = MultiVectorIndex(tmp_path / f'fresh-{case}', verbose=False).index(
+            list(index.get_corpus_iter(verbose=False)))
+        pd.testing.assert_frame_equal(index.retriever(num_results=10)(QUERIES),
+                                      fresh.retriever(num_results=10)(QUERIES))
+        index.add_documents(tagged_build(99, 3))   # the next update clears what the killed one left
+        left = [p.name for p in tmp_path.iterdir() if p.name.startswith(f'.case-{case}') and p.suffix != '.lock']
+        assert left == []
+    assert len(counts) > 1, 'every kill found the same state'
