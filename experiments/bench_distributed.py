@@ -127,8 +127,8 @@ def build(args, work: Path) -> tuple:
 def retriever(target, kind: str, threads: int, candidates: int):
     settings = {'num_results': NUM_RESULTS, 'threads': threads}
     if kind == 'approximate':
-        settings.update(exact=False, ann='ivf', candidates=candidates, search_effort=32)
-    return target.maxsim_retriever(**settings)
+        return target.ann_retriever(ann='ivf', candidates=candidates, search_effort=32, **settings)
+    return target.retriever(**settings)
 
 
 def same_run(run: pd.DataFrame, reference: pd.DataFrame) -> bool:

@@ -19,10 +19,10 @@ Systems, all on the same threads, each returning each query's top 10 by MaxSim (
   documents are padded little) padded to their longest, one float32
   ``torch.einsum('qid,njd->qnij')`` of all queries against the block, padding masked to -inf, max over the
   document's vectors, mean over the query's, a running ``topk``.
-- index approx: ``index.maxsim_retriever(exact=False, num_results=10)``, nothing tuned: IVF with 8-bit codes and
-  the candidate count the index calibrates on its own documents (:mod:`pyterrier_multiquery.index.calibration`;
+- index approx: ``index.ann_retriever(num_results=10)``, nothing tuned: IVF with 8-bit codes and the candidate
+  count its ``calibrate()`` measures on the index's own documents (:mod:`pyterrier_multiquery.index.calibration`;
   exact search where that is faster). The FAISS build and the calibration are timed once, apart, before the rounds
-  (an earlier run's FAISS file and calibration are removed first); recall@10 is against index exact's top 10 on
+  (an earlier run's FAISS file is removed first, and the calibration measured again); recall@10 is against index exact's top 10 on
   the workload's queries, which the calibration never saw. "ANN build peak RSS MiB": the process's peak resident
   memory (VmHWM, reset before the FAISS build) while it builds and calibrates; "ANN build baseline RSS MiB": its
   resident memory before (with what earlier workloads left resident, such as pages of their memory-mapped files).
@@ -142,8 +142,8 @@ class EinsumReference:
 class IndexExact:
     """The index's exact retriever on a frame of all the queries."""
 
-    def __init__(self, index, queries, threads, **settings):
-        self.retriever = index.maxsim_retriever(num_results=K, threads=threads, **settings)
+    def __init__(self, index, queries, threads, search: str = 'retriever'):
+        self.retriever = getattr(index, search)(num_results=K, threads=threads)
         self.topics = pd.DataFrame({'qid': [f'q{i}' for i in range(len(queries))], 'query_embs': list(queries)})
 
     def search(self):
@@ -159,10 +159,9 @@ class IndexCalibrated(IndexExact):
 
     def __init__(self, index, queries, threads):
         from pyterrier_multiquery.index.ann import load_or_build
-        from pyterrier_multiquery.index.calibration import calibrated
-        super().__init__(index, queries, threads, exact=False)
-        for old in [*index.path.glob('ann.*.faiss'), *index.path.glob('calibration.*')]:   # an earlier run's:
-            old.unlink()                                                                 # built again, timed
+        super().__init__(index, queries, threads, 'ann_retriever')
+        for old in index.path.glob('ann.*.faiss'):   # an earlier run's: built again, timed
+            old.unlink()
         torch.set_num_threads(threads)
         reset_peak()
         self.baseline_mib = memory_mib('VmRSS')
@@ -170,7 +169,7 @@ class IndexCalibrated(IndexExact):
         load_or_build(index, 'ivf')
         self.build_s = time.perf_counter() - start
         start = time.perf_counter()
-        self.calibration = calibrated(self.retriever)
+        self.calibration = self.retriever.calibrate()
         self.calibration_s = time.perf_counter() - start
         self.build_peak_mib = memory_mib('VmHWM')
 

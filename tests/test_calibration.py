@@ -1,6 +1,6 @@
-"""The approximate search calibrates its own candidate count and search effort: recall against exact search on
-sampled documents, the fastest effort reaching the target, exact search where it is faster, the answer kept per build
-in the index folder."""
+"""The approximate search's calibration, an explicit step: recall against exact search on sampled documents, the
+fastest effort reaching the target, exact search where it is faster, the answer kept per build, setting and machine
+outside the index folder; a search never calibrates by itself, and the user's setting wins."""
 import json
 
 import numpy as np
@@ -12,6 +12,7 @@ pytest.importorskip('faiss')
 from pyterrier_multiquery.experiment.clustered_collection import clustered_collection  # noqa: E402
 from pyterrier_multiquery.index import MultiVectorIndex  # noqa: E402
 from pyterrier_multiquery.index import calibration  # noqa: E402
+from pyterrier_multiquery.index.ann_retriever import ApproxMaxSimRetriever  # noqa: E402
 from pyterrier_multiquery.index.errors import CorruptIndexError  # noqa: E402
 
 SETTING = {'ann': 'ivf', 'quantizer': 'SQ8', 'search_effort': 32, 'aggregate': 'mean', 'device': 'cpu'}
@@ -19,7 +20,7 @@ SETTING = {'ann': 'ivf', 'quantizer': 'SQ8', 'search_effort': 32, 'aggregate': '
 
 def approximate(index, **settings):
     """The approximate retriever whose setting is calibrated (:data:`SETTING`, changed by ``settings``)."""
-    return index.retriever(exact=False, **{**SETTING, **settings})
+    return index.ann_retriever(**{**SETTING, **settings})
 
 
 def build(path, doc_count: int = 1500, seed: int = 0):
@@ -31,6 +32,15 @@ def build(path, doc_count: int = 1500, seed: int = 0):
     return index, pd.DataFrame({'qid': [f'q{i}' for i in range(len(queries))], 'query_embs': queries})
 
 
+@pytest.fixture(autouse=True)
+def calibrations(tmp_path):
+    """This machine's calibrations, kept in the test's folder (set apart from the tests' ``monkeypatch``, which
+    some undo)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv('PYTERRIER_MULTIQUERY_CALIBRATIONS', str(tmp_path / 'calibrations'))
+        yield tmp_path / 'calibrations'
+
+
 @pytest.fixture
 def clustered(tmp_path):
     return build(tmp_path / 'index')
@@ -38,7 +48,8 @@ def clustered(tmp_path):
 
 def timings(monkeypatch, approx_s: float, exact_s: float):
     """Makes every timed search of the self-test take ``approx_s`` (approximate) or ``exact_s`` (exact) seconds."""
-    monkeypatch.setattr(calibration, '_seconds', lambda retriever, queries: exact_s if retriever.exact else approx_s)
+    monkeypatch.setattr(calibration, '_seconds', lambda retriever, queries:
+                        approx_s if isinstance(retriever, ApproxMaxSimRetriever) else exact_s)
 
 
 def test_first_count_reaching_the_target_is_kept(clustered, monkeypatch):
@@ -56,8 +67,9 @@ def test_first_count_reaching_the_target_is_kept(clustered, monkeypatch):
 
 def effort_timings(monkeypatch):
     """Makes a timed approximate search take (effort + count / 4) ms, and exact search a second."""
-    monkeypatch.setattr(calibration, '_seconds', lambda retriever, queries: 1. if retriever.exact else
-                        (retriever.search_effort + retriever.candidates / 4) / 1000)
+    monkeypatch.setattr(calibration, '_seconds', lambda retriever, queries:
+                        (retriever.search_effort + retriever.candidates / 4) / 1000
+                        if isinstance(retriever, ApproxMaxSimRetriever) else 1.)
 
 
 def test_the_fastest_effort_reaching_the_target_is_kept(clustered, monkeypatch):
@@ -98,7 +110,7 @@ def test_recall_is_measured_against_exact_search_leaving_each_document_out(clust
         scores = np.array([sims[:, a:b].max(axis=1).mean() for a, b in zip(offsets[:-1], offsets[1:])])
         scores[i] = -np.inf
         truth = set(np.argsort(-scores, kind='stable')[:10])
-        run = index.retriever(exact=False, candidates=found.candidates, num_results=11)(
+        run = index.ann_retriever(candidates=found.candidates, num_results=11)(
             pd.DataFrame({'qid': ['x'], 'query_embs': [vectors[offsets[i]:offsets[i + 1]]]}))
         got = [docnos.inv[d] for d in run['docno'] if d != docnos.fwd[i]][:10]
         recalls.append(len(truth & set(got)) / 10)
@@ -111,8 +123,8 @@ def test_exact_search_where_the_approximate_one_is_not_faster(clustered, monkeyp
     found = calibration.calibrate(approximate(index))
     assert found.candidates is None and list(found.tried[32]) == [calibration.CANDIDATE_COUNTS[0]]   # stops at once
     calibration.calibrated(approximate(index, search_effort=None))   # stored for the default retriever
-    pd.testing.assert_frame_equal(index.retriever(exact=False, num_results=10)(queries),
-                                  index.retriever(exact=True, num_results=10)(queries))
+    pd.testing.assert_frame_equal(index.ann_retriever(num_results=10)(queries),
+                                  index.retriever(num_results=10)(queries))
 
 
 def test_no_count_reaching_the_target_searches_exactly(clustered, monkeypatch):
@@ -127,37 +139,65 @@ def test_no_count_reaching_the_target_searches_exactly(clustered, monkeypatch):
     assert calibration.calibrated(approximate(index)) == found   # and read back (all ten counts)
 
 
-def test_default_retriever_searches_with_the_calibrated_count(clustered):
+def test_a_search_never_calibrates_and_an_uncalibrated_one_says_so(clustered, capfd):
+    """The first approximate search builds FAISS (announced) and searches at the default count with a warning that
+    names calibrate(); calibrate() is the step that measures (announced), and later searches use what it found."""
     index, queries = clustered
-    run = index.retriever(exact=False, num_results=10)(queries)   # calibrates (real timings)
-    found = calibration.calibrated(approximate(index, search_effort=None))
-    expected = (index.retriever(exact=True, num_results=10) if found.candidates is None else
-                index.retriever(exact=False, candidates=found.candidates, search_effort=found.search_effort,
-                                num_results=10))(queries)
+    capfd.readouterr()
+    retriever = approximate(index, search_effort=None, verbose=False)
+    with pytest.warns(UserWarning, match=r'not calibrated on this machine: searching with 256 candidates .* '
+                                         r'calibrate\(\)'):
+        uncalibrated = retriever(queries)
+    shown = capfd.readouterr().err
+    assert 'FAISS IVF' in shown and 'training on' in shown and 'adding 6,000 vectors' in shown
+    assert 'calibrating' not in shown and calibration.stored(retriever) is None
+    expected = index.ann_retriever(candidates=calibration.DEFAULT_CANDIDATES,
+                                   search_effort=calibration.DEFAULT_SEARCH_EFFORT, num_results=1000)(queries)
+    pd.testing.assert_frame_equal(uncalibrated, expected)
+    found = retriever.calibrate()   # real timings
+    assert f'calibrating the ivf search of {index.path} on this machine' in capfd.readouterr().err
+    assert calibration.stored(retriever) == found
+    run = index.ann_retriever(num_results=10)(queries)
+    expected = (index.retriever(num_results=10) if found.candidates is None else
+                index.ann_retriever(candidates=found.candidates, search_effort=found.search_effort,
+                                    num_results=10))(queries)
     pd.testing.assert_frame_equal(run, expected)
-    exact = index.retriever(exact=True, num_results=10)(queries)
+    assert capfd.readouterr().err == ''
+    exact = index.retriever(num_results=10)(queries)
     overlap = [len(set(run[run['qid'] == q]['docno']) & set(group['docno'])) / 10 for q, group in exact.groupby('qid')]
     assert np.mean(overlap) >= 0.95   # queries near documents, as the sampled documents are
 
 
-def test_building_faiss_and_calibrating_announce_themselves_once(clustered, capfd):
-    """A quiet retriever's first approximate search shows the FAISS build's and the calibration's progress (they
-    take minutes on a large index); the next search, which reuses both, shows nothing."""
+def test_the_users_setting_wins_over_the_calibration(clustered, monkeypatch):
+    index, _ = clustered
+    timings(monkeypatch, approx_s=2., exact_s=1.)
+    assert approximate(index, search_effort=None).calibrate().candidates is None   # exact search was faster
+    given = index.ann_retriever(candidates=16, num_results=10)
+    assert given.setting() == (16, calibration.DEFAULT_SEARCH_EFFORT)
+    assert index.ann_retriever(num_results=10).setting()[0] is None   # where none is given: exact search
+
+
+def test_a_calibration_is_kept_outside_the_index_and_per_machine(clustered, calibrations, monkeypatch, tmp_path):
+    import shutil
     index, queries = clustered
-    capfd.readouterr()
-    approximate(index, search_effort=None, verbose=False)(queries)
-    shown = capfd.readouterr().err
-    assert 'FAISS IVF' in shown and 'training on' in shown and 'adding 6,000 vectors' in shown
-    assert f'calibrating the ivf search of {index.path}' in shown
-    approximate(index, search_effort=None, verbose=False)(queries)
-    assert capfd.readouterr().err == ''
+    timings(monkeypatch, approx_s=1., exact_s=2.)
+    retriever = approximate(index, search_effort=None)
+    found = retriever.calibrate()
+    assert list(index.path.glob('calibration*')) == [] and calibration.calibration_file(retriever).is_relative_to(
+        calibrations)
+    index.verify()
+    shutil.copytree(index.path, tmp_path / 'copy')   # a copied index is the same build: this machine's calibration
+    copy = approximate(MultiVectorIndex(tmp_path / 'copy', verbose=False), search_effort=None)
+    assert calibration.stored(copy) == found
+    monkeypatch.setattr(calibration, 'machine', lambda device: 'another-machine')
+    assert calibration.stored(retriever) is None   # another machine's timings do not hold here
 
 
 def test_calibration_is_kept_per_build_and_redone_after_a_rebuild(tmp_path, monkeypatch):
     index, _ = build(tmp_path / 'index')
     timings(monkeypatch, approx_s=1., exact_s=2.)
     first = calibration.calibrated(approximate(index))
-    path = calibration.calibration_file(index, 'ivf', 'SQ8', 32, 'mean', 'cpu')
+    path = calibration.calibration_file(approximate(index))
     stored = json.loads(path.read_text())
     assert stored['build_id'] == index.payload()[0]['build_id'] and stored['calibration']['candidates'] == \
         first.candidates
@@ -178,19 +218,19 @@ def test_a_changed_calibration_file_is_named(clustered, monkeypatch, change):
     index, queries = clustered
     timings(monkeypatch, approx_s=1., exact_s=2.)
     calibration.calibrated(approximate(index, search_effort=None))   # the default retriever's
-    path = calibration.calibration_file(index, 'ivf', 'SQ8', None, 'mean', 'cpu')
+    path = calibration.calibration_file(approximate(index, search_effort=None))
     text = path.read_text()
     path.write_text({'truncate': text[:len(text) // 2],
                      'candidates': text.replace('"candidates": ', '"candidates": 1'),
                      'build': text.replace(index.payload()[0]['build_id'], '0' * 32)}[change])
-    for fail in (lambda: index.retriever(exact=False)(queries), index.verify):
-        with pytest.raises(CorruptIndexError, match=path.name.replace('.', r'\.')):
-            fail()
+    with pytest.raises(CorruptIndexError, match=path.name.replace('.', r'\.')):
+        index.ann_retriever()(queries)
+    index.verify()   # the index itself is whole
     path.unlink()   # as the error says: calibrated again
     assert calibration.calibrated(approximate(index, search_effort=None)).candidates is not None
 
 
-def test_a_calibration_of_a_build_replaced_meanwhile_is_not_kept(tmp_path, monkeypatch):
+def test_a_calibration_of_a_build_replaced_meanwhile_is_not_kept(tmp_path, monkeypatch, calibrations):
     index, _ = build(tmp_path / 'index')
     made = calibration.calibrate
 
@@ -201,18 +241,18 @@ def test_a_calibration_of_a_build_replaced_meanwhile_is_not_kept(tmp_path, monke
     timings(monkeypatch, approx_s=1., exact_s=2.)
     monkeypatch.setattr(calibration, 'calibrate', replaced_meanwhile)
     assert calibration.calibrated(approximate(index)).candidates is not None
-    assert list(index.path.glob('calibration.*')) == []
+    assert list(calibrations.rglob('*.json')) == []
 
 
-def test_settings_are_calibrated_apart(clustered, monkeypatch):
+def test_settings_are_calibrated_apart(clustered, monkeypatch, calibrations):
     index, _ = clustered
     timings(monkeypatch, approx_s=1., exact_s=2.)
     calibration.calibrated(approximate(index))
     calibration.calibrated(approximate(index, search_effort=4, aggregate='sum'))
     calibration.calibrated(approximate(index, search_effort=None))
-    assert sorted(p.name for p in index.path.glob('calibration.*')) == [
-        'calibration.ivf_SQ8_e32_mean_cpu.json', 'calibration.ivf_SQ8_e4_sum_cpu.json',
-        'calibration.ivf_SQ8_eauto_mean_cpu.json']
+    build_id = index.payload()[0]['build_id']
+    assert sorted(p.relative_to(calibrations).as_posix().rsplit('_', 1)[0] for p in calibrations.rglob('*.json')) == [
+        f'{build_id}/ivf_SQ8_e32_mean_cpu', f'{build_id}/ivf_SQ8_e4_sum_cpu', f'{build_id}/ivf_SQ8_eauto_mean_cpu']
 
 
 def test_a_tiny_index_searches_exactly(tmp_path):
@@ -220,7 +260,8 @@ def test_a_tiny_index_searches_exactly(tmp_path):
     rng = np.random.default_rng(0)
     index.index({'docno': f'd{i}', 'doc_embs': rng.normal(size=(3, 8)).astype(np.float32)} for i in range(6))
     queries = pd.DataFrame({'qid': ['a'], 'query_embs': [rng.normal(size=(2, 8)).astype(np.float32)]})
-    pd.testing.assert_frame_equal(index.retriever(exact=False)(queries), index.retriever(exact=True)(queries))
+    with pytest.warns(UserWarning, match='not calibrated'):
+        pd.testing.assert_frame_equal(index.ann_retriever()(queries), index.retriever()(queries))
     assert calibration.calibrated(approximate(index)).candidates is None
 
 
@@ -247,12 +288,12 @@ def test_every_effort_searches_the_one_faiss_index_loaded(clustered, monkeypatch
     loads = []
     load = ann.load_or_build
     monkeypatch.setattr(ann, 'load_or_build', lambda *args, **kwargs: loads.append(1) or load(*args, **kwargs))
-    runs = {effort: index.retriever(exact=False, candidates=16, search_effort=effort, num_results=10)(queries)
+    runs = {effort: index.ann_retriever(candidates=16, search_effort=effort, num_results=10)(queries)
             for effort in (1, 64)}
     assert len(loads) == 1   # not a copy in memory for every effort
-    again = index.retriever(exact=False, candidates=16, search_effort=1, num_results=10)(queries)
+    again = index.ann_retriever(candidates=16, search_effort=1, num_results=10)(queries)
     pd.testing.assert_frame_equal(again, runs[1])   # the effort is set for each search
     fresh = MultiVectorIndex(index.path, verbose=False)   # its own FAISS index, at effort 64 only
-    pd.testing.assert_frame_equal(fresh.retriever(exact=False, candidates=16, search_effort=64, num_results=10)(
+    pd.testing.assert_frame_equal(fresh.ann_retriever(candidates=16, search_effort=64, num_results=10)(
         queries), runs[64])
     assert not runs[1].equals(runs[64])   # one list probed misses some of what 64 find

@@ -183,9 +183,9 @@ CASES: Dict[str, Callable[[Resources], Case]] = {
         lambda **kw: r.index.maxsim_retriever(**{'num_results': 4, **kw}), {'aggregate': 'sum'},
         [['qid', 'query_embs']], ['qid', 'query_embs', 'docno', 'docid', 'score', 'rank'], queries(True),
         cutoff='num_results'),
-    'MaxSimRetriever(exact=False)': lambda r: Case(
-        lambda **kw: r.index.maxsim_retriever(**{'exact': False, 'ann': 'flat', 'candidates': 6, 'num_results': 4,
-                                                  **kw}), {'candidates': 3},
+    'ApproxMaxSimRetriever': lambda r: Case(
+        lambda **kw: r.index.ann_retriever(**{'ann': 'flat', 'candidates': 6, 'num_results': 4, **kw}),
+        {'candidates': 3},
         [['qid', 'query_embs']], ['qid', 'query_embs', 'docno', 'docid', 'score', 'rank'], queries(True),
         cutoff='num_results'),
     'MaxSimScorer': lambda r: Case(

@@ -17,18 +17,18 @@ def index_and_topics(tmp_path_factory):
     return index, pd.DataFrame({'qid': [f'q{i}' for i in range(len(queries))], 'query_embs': queries})
 
 
-@pytest.mark.parametrize('exact', [True, False])
-def test_cuda_ranks_as_the_cpu(index_and_topics, exact):
+@pytest.mark.parametrize('search', ['retriever', 'ann_retriever'])
+def test_cuda_ranks_as_the_cpu(index_and_topics, search):
     index, topics = index_and_topics
-    cpu = index.retriever(exact=exact, device='cpu', num_results=20)(topics)
-    cuda = index.retriever(exact=exact, device='cuda', num_results=20)(topics)
+    cpu = getattr(index, search)(device='cpu', num_results=20)(topics)
+    cuda = getattr(index, search)(device='cuda', num_results=20)(topics)
     assert list(cuda['docno']) == list(cpu['docno'])
     np.testing.assert_allclose(cuda['score'], cpu['score'], rtol=1e-5, atol=1e-5)
 
 
 def test_exact_search_keeps_the_documents_grouped_on_the_gpu(index_and_topics):
     index, topics = index_and_topics
-    index.retriever(exact=True, device='cuda', num_results=5)(topics)
+    index.retriever(device='cuda', num_results=5)(topics)
     groups = index.searchers().searchers[0]._resident[('groups', 'cuda')][1]
     assert groups.streamed_bytes == 0 and all(chunk.vectors.device.type == 'cuda' for chunk in groups.chunk_list)
     _, vectors, offsets, _ = index.payload()
@@ -43,7 +43,7 @@ def test_exact_search_keeps_the_documents_grouped_on_the_gpu(index_and_topics):
 
 def test_the_scorer_keeps_the_stored_vectors_resident(index_and_topics):
     index, topics = index_and_topics
-    frame = index.retriever(exact=True, device='cpu', num_results=5)(topics)[['qid', 'docno']].merge(topics, on='qid')
+    frame = index.retriever(device='cpu', num_results=5)(topics)[['qid', 'docno']].merge(topics, on='qid')
     index.scorer(device='cuda')(frame)
     resident = index.searchers().searchers[0]._resident['cuda'][1]
     assert resident.device.type == 'cuda'
@@ -52,7 +52,7 @@ def test_the_scorer_keeps_the_stored_vectors_resident(index_and_topics):
 
 def test_cuda_rescores_as_the_cpu(index_and_topics):
     index, topics = index_and_topics
-    candidates = index.retriever(exact=True, device='cpu', num_results=50)(topics)[['qid', 'docno']]
+    candidates = index.retriever(device='cpu', num_results=50)(topics)[['qid', 'docno']]
     frame = candidates.merge(topics, on='qid')
     cpu = index.scorer(device='cpu')(frame)
     cuda = index.scorer(device='cuda')(frame)
@@ -68,9 +68,9 @@ def faiss_gpus() -> int:
 @pytest.mark.skipif(not torch.cuda.is_available() or faiss_gpus() == 0, reason='FAISS built without GPU support')
 def test_faiss_searches_on_the_gpu_and_ranks_as_the_cpu(index_and_topics):
     index, topics = index_and_topics
-    setting = {'exact': False, 'candidates': 64, 'search_effort': 8, 'num_results': 20}
-    cpu = index.retriever(device='cpu', **setting)(topics)
-    cuda = index.retriever(device='cuda', **setting)(topics)
+    setting = {'candidates': 64, 'search_effort': 8, 'num_results': 20}
+    cpu = index.ann_retriever(device='cpu', **setting)(topics)
+    cuda = index.ann_retriever(device='cuda', **setting)(topics)
     stages = index.searchers().searchers[0]._stages
     assert [type(stage.ann).__name__ for key, (_, stage) in stages.items() if key[-1] == 'cuda'] == \
         ['GpuIndexIVFScalarQuantizer']
@@ -80,7 +80,7 @@ def test_faiss_searches_on_the_gpu_and_ranks_as_the_cpu(index_and_topics):
 
 def test_an_hnsw_candidate_stage_stays_on_the_cpu_under_cuda(index_and_topics):
     index, topics = index_and_topics
-    setting = {'exact': False, 'ann': 'hnsw', 'candidates': 64, 'search_effort': 64, 'num_results': 20}
-    cpu = index.retriever(device='cpu', **setting)(topics)
-    cuda = index.retriever(device='cuda', **setting)(topics)
+    setting = {'ann': 'hnsw', 'candidates': 64, 'search_effort': 64, 'num_results': 20}
+    cpu = index.ann_retriever(device='cpu', **setting)(topics)
+    cuda = index.ann_retriever(device='cuda', **setting)(topics)
     assert list(cuda['docno']) == list(cpu['docno'])

@@ -36,7 +36,7 @@ def records(count, seed=0, prefix='doc'):
 def search(index):
     """The exact and approximate (every FAISS kind) results of QUERIES."""
     return [index.maxsim_retriever(num_results=10)(QUERIES)] + \
-        [index.maxsim_retriever(num_results=10, exact=False, ann=kind)(QUERIES) for kind in ANN_KINDS]
+        [index.ann_retriever(num_results=10, ann=kind)(QUERIES) for kind in ANN_KINDS]
 
 
 def same_results(got, expected) -> bool:
@@ -338,8 +338,9 @@ def test_readers_during_concurrent_overwrites_see_one_whole_build(tmp_path, faul
                 build = int(next(iter(builds))[1:])
                 expected = build + np.repeat(np.arange(meta['doc_count']) / 1000, 1 + np.arange(meta['doc_count']) % 2)
                 np.testing.assert_allclose(np.asarray(vectors)[:, 0], expected, rtol=1e-6)
-                for exact in (True, False):  # a search follows the index to a newer build: one whole build too
-                    out = index.maxsim_retriever(num_results=3, exact=exact, ann='flat', candidates=16)(query)
+                for search in (index.retriever(num_results=3),  # follows the index to a newer build: one whole too
+                               index.ann_retriever(num_results=3, ann='flat', candidates=16)):
+                    out = search(query)
                     build = int(out['docno'][0].split('-')[0][1:])
                     assert out['docno'].tolist() == [f'b{build}-{i}' for i in (399, 398, 397)]
                     np.testing.assert_allclose(out['score'], DIM * (build + np.array([399, 398, 397]) / 1000),

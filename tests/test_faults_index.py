@@ -18,8 +18,7 @@ from hypothesis import strategies as st
 
 from pyterrier_multiquery.index import CorruptIndexError, MultiVectorIndex
 
-FILES = ('pt_meta.json', 'vecs.f4', 'offsets.i8', 'docnos.npids', 'ann.Flat.faiss',
-         'calibration.flat_Flat_eauto_mean_cpu.json')
+FILES = ('pt_meta.json', 'vecs.f4', 'offsets.i8', 'docnos.npids', 'ann.Flat.faiss')
 CHECKED = settings(max_examples=40, deadline=None)
 QUERIES = pd.DataFrame({'qid': ['q0', 'q1'], 'query': 'x',
                         'query_embs': list(np.random.default_rng(1).normal(size=(2, 3, 8)).astype(np.float32))})
@@ -41,12 +40,11 @@ def original(tmp_path_factory):
 
 
 def search(index):
-    """Exact, approximate with 16 candidates (the FAISS file is read whatever the calibration chose: it picks
-    exact search where that timed faster, which depends on the machine's load) and approximate as calibrated (the
-    calibration file is read)."""
-    return [index.maxsim_retriever(num_results=10, **settings)(QUERIES)
-            for settings in ({'exact': True}, {'exact': False, 'ann': 'flat', 'candidates': 16},
-                             {'exact': False, 'ann': 'flat'})]
+    """Exact, approximate with 16 candidates and approximate at the default candidate count (no calibration:
+    the index folder holds none)."""
+    return [index.retriever(num_results=10)(QUERIES)] + \
+        [index.ann_retriever(num_results=10, **settings)(QUERIES) for settings in ({'ann': 'flat', 'candidates': 16},
+                                                                                   {'ann': 'flat'})]
 
 
 def load_and_search(path):
@@ -205,7 +203,7 @@ def test_stale_faiss_build_files_are_removed(tmp_path):
     dead = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'], capture_output=True, text=True)
     stale = index.path / f'.ann.Flat.faiss.tmp-{int(dead.stdout)}'
     stale.write_bytes(b'half a faiss index')
-    index.maxsim_retriever(exact=False, ann='flat')(QUERIES)
+    index.ann_retriever(ann='flat')(QUERIES)
     assert not stale.exists() and (index.path / 'ann.Flat.faiss').exists()
 
 

@@ -106,7 +106,7 @@ RETRIEVERS = {
     'maxsim_exact_sum': (lambda index: index.maxsim_retriever(num_results=NUM_RESULTS, aggregate='sum'),
                          lambda query: expected_maxsim(query, 'sum')),
     # every stored vector is a candidate of a flat search over these few: the exact result
-    'maxsim_approximate': (lambda index: index.maxsim_retriever(num_results=NUM_RESULTS, exact=False, ann='flat'),
+    'maxsim_approximate': (lambda index: index.ann_retriever(num_results=NUM_RESULTS, ann='flat'),
                            expected_maxsim),
     'mean': (lambda index: index.mean_retriever(num_results=NUM_RESULTS), expected_mean),
     **{f'multiquery_{merge}': (lambda index, merge=merge: index.multiquery_retriever(merge, num_results=NUM_RESULTS),

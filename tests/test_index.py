@@ -78,14 +78,14 @@ def test_approximate_recall_on_20k_passages(tmp_path):
     index = MultiVectorIndex(tmp_path / 'mvi', verbose=False).index(docs)
     topics = topics_frame(queries)
     exact = index.maxsim_retriever(num_results=10)(topics)
-    approx = index.maxsim_retriever(exact=False, num_results=10)(topics)  # default settings
+    approx = index.ann_retriever(num_results=10)(topics)  # default settings
     recall = np.mean([len(set(exact[exact.qid == q].docno) & set(approx[approx.qid == q].docno)) / 10
                       for q in topics.qid])
     assert recall >= 0.99
     # the FAISS stage, IVF with 8-bit codes by default, is cached in the index folder and reused
     vec_count = index.payload()[0]['vec_count']
     assert [p.name for p in (tmp_path / 'mvi').glob('ann.*.faiss')] == [f'ann.IVF{int(4 * vec_count ** 0.5)}_SQ8.faiss']
-    again = MultiVectorIndex(tmp_path / 'mvi', verbose=False).maxsim_retriever(exact=False, num_results=10)(topics)
+    again = MultiVectorIndex(tmp_path / 'mvi', verbose=False).ann_retriever(num_results=10)(topics)
     pd.testing.assert_frame_equal(again[['qid', 'docno', 'rank']], approx[['qid', 'docno', 'rank']])
 
 
@@ -104,7 +104,7 @@ def test_approximate_with_quantisers_and_hnsw(collection):
     docs, index = collection
     queries = [np.asarray(docs[i]['doc_embs'], dtype=np.float32) for i in (0, 5, 9)]  # each finds itself first
     for ann, quantizer in (('flat', None), ('hnsw', None), ('ivf', 'SQ8'), ('flat', 'PQ4')):
-        out = index.maxsim_retriever(exact=False, ann=ann, quantizer=quantizer, num_results=5)(topics_frame(queries))
+        out = index.ann_retriever(ann=ann, quantizer=quantizer, num_results=5)(topics_frame(queries))
         assert list(out[out['rank'] == 0]['docno']) == ['d0', 'd5', 'd9'], (ann, quantizer)
 
 
@@ -189,13 +189,13 @@ def test_corrupt_faiss_file_is_named(collection, tmp_path):
     _, index = collection
     shutil.copytree(index.path, tmp_path / 'copy')
     copy = MultiVectorIndex(tmp_path / 'copy', verbose=False)
-    copy.maxsim_retriever(exact=False, ann='flat', candidates=4)(topics_frame([np.ones((1, 16))]))
+    copy.ann_retriever(ann='flat', candidates=4)(topics_frame([np.ones((1, 16))]))
     ann_file = tmp_path / 'copy' / 'ann.Flat.faiss'
     ann_file.write_bytes(b'not a faiss index')
     # the index object keeps the FAISS index it loaded; another one reads the file again
     copy = MultiVectorIndex(tmp_path / 'copy', verbose=False)
     with pytest.raises(CorruptIndexError, match='ann.Flat.faiss.*no readable stamp'):
-        copy.maxsim_retriever(exact=False, ann='flat', candidates=4)(topics_frame([np.ones((1, 16))]))
+        copy.ann_retriever(ann='flat', candidates=4)(topics_frame([np.ones((1, 16))]))
 
 
 def test_bad_records_and_queries_are_named(collection, tmp_path):
@@ -219,7 +219,7 @@ def test_bad_records_and_queries_are_named(collection, tmp_path):
 def test_empty_frames(collection):
     _, index = collection
     empty = topics_frame([])
-    for retriever in (index.maxsim_retriever(), index.maxsim_retriever(exact=False, ann='flat'),
+    for retriever in (index.maxsim_retriever(), index.ann_retriever(ann='flat'),
                       index.mean_retriever(), index.multiquery_retriever()):
         out = retriever(empty)
         assert len(out) == 0 and {'qid', 'docno', 'score', 'rank'} <= set(out.columns), retriever
@@ -280,7 +280,7 @@ def test_rank_cutoff_fuses_and_equality(collection):
     retriever = index.maxsim_retriever(num_results=100)
     assert retriever == index.maxsim_retriever(num_results=100)
     assert hash(retriever) == hash(index.maxsim_retriever(num_results=100))
-    assert retriever != index.maxsim_retriever(num_results=100, exact=False)
+    assert retriever != index.ann_retriever(num_results=100)
     assert (retriever % 10).compile() == index.maxsim_retriever(num_results=10)
     assert (index.mean_retriever() % 5).compile() == index.mean_retriever(num_results=5)
     # the per-vector lists keep their length: only the merged list is cut
@@ -352,7 +352,7 @@ def test_non_finite_vectors_are_named(collection, tmp_path):
         query[1, 0] = value
         topics = topics_frame([np.ones((1, 16)), query])
         scored = pd.DataFrame({'qid': 'q1', 'query': 'x', 'docno': ['d0'], 'score': [0.], 'query_embs': [query]})
-        cases = ((index.maxsim_retriever(), topics), (index.maxsim_retriever(exact=False, ann='flat'), topics),
+        cases = ((index.maxsim_retriever(), topics), (index.ann_retriever(ann='flat'), topics),
                  (index.mean_retriever(), topics), (index.scorer(), scored),
                  *((index.multiquery_retriever(merge), topics) for merge in ('round_robin', 'score_sum', 'rrf')))
         for transformer, frame in cases:
@@ -399,12 +399,12 @@ def test_stale_build_folders_are_cleaned(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [alive.name, 'mvi']
 
 
-@pytest.mark.parametrize('exact', [True, False])
-def test_retriever_follows_a_rebuilt_index(tmp_path, exact):
+@pytest.mark.parametrize('search', [{}, {'ann': 'flat'}], ids=['exact', 'ann'])
+def test_retriever_follows_a_rebuilt_index(tmp_path, search):
     first = [{'docno': f'a{i}', 'doc_vec': np.eye(4, dtype=np.float32)[i]} for i in range(4)]
     second = [{'docno': f'b{i}', 'doc_vec': np.eye(4, dtype=np.float32)[3 - i]} for i in range(4)]
-    retriever = MultiVectorIndex(tmp_path / 'mvi', verbose=False).index(first).maxsim_retriever(
-        num_results=1, exact=exact, ann='flat')
+    index = MultiVectorIndex(tmp_path / 'mvi', verbose=False).index(first)
+    retriever = (index.ann_retriever if search else index.retriever)(num_results=1, **search)
     topics = topics_frame([np.eye(4, dtype=np.float32)[:1]])
     assert retriever(topics)['docno'].tolist() == ['a0']
     # another object, as another process would

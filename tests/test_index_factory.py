@@ -23,11 +23,11 @@ def index(request, tmp_path):
 
 def test_retriever_is_exact_maxsim(index):
     retriever = index.retriever(num_results=2)
-    assert isinstance(retriever, MaxSimRetriever) and retriever.exact
+    assert isinstance(retriever, MaxSimRetriever) and not hasattr(retriever, 'candidates')
     assert retriever == index.maxsim_retriever(num_results=2)  # the name the experiments use
     run = retriever(QUERY)
     assert run['docno'].tolist() == ['a', 'b'] and np.allclose(run['score'], [1., 0.7])
-    assert index.retriever(exact=False, ann='flat') != index.retriever()
+    assert index.ann_retriever(ann='flat') != index.retriever()
 
 
 def test_scorer_rescores_a_result_frame(index):

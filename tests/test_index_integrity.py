@@ -123,7 +123,7 @@ def built(tmp_path):
     """An index of ``tagged(1)`` with its flat FAISS stage, and a query frame."""
     index = MultiVectorIndex(tmp_path / 'index', verbose=False).index(tagged(1))
     queries = pd.DataFrame({'qid': ['q0'], 'query': 'x', 'query_embs': [np.ones((2, DIM), dtype=np.float32)]})
-    index.maxsim_retriever(exact=False, ann='flat', candidates=4)(queries)
+    index.ann_retriever(ann='flat', candidates=4)(queries)
     return index, queries
 
 
@@ -154,7 +154,7 @@ def test_a_nan_in_the_vectors_is_named_instead_of_scored(built):
     offsets = index.payload()[2]
     change_bytes(index.path / 'vecs.f4', int(offsets[3]) * DIM * 4, np.float32(np.nan).tobytes())
     reopened = MultiVectorIndex(index.path, verbose=False)
-    for retriever in (reopened.maxsim_retriever(), reopened.maxsim_retriever(exact=False, ann='flat'),
+    for retriever in (reopened.maxsim_retriever(), reopened.ann_retriever(ann='flat'),
                       reopened.multiquery_retriever()):
         with pytest.raises(CorruptIndexError, match="document 'b1-3' has non-finite values"):
             retriever(queries)
@@ -171,7 +171,7 @@ def test_a_damaged_faiss_file_is_refused(built):
     with pytest.raises(CorruptIndexError, match=r"ann\.Flat\.faiss"):
         reopened.verify()
     with pytest.raises(CorruptIndexError, match=r"ann\.Flat\.faiss"):
-        reopened.maxsim_retriever(exact=False, ann='flat', candidates=4)(queries)
+        reopened.ann_retriever(ann='flat', candidates=4)(queries)
 
 
 def test_a_faiss_file_of_another_index_is_refused(built, tmp_path):
@@ -179,7 +179,7 @@ def test_a_faiss_file_of_another_index_is_refused(built, tmp_path):
     other = MultiVectorIndex(tmp_path / 'other', verbose=False).index(tagged(2))
     (other.path / 'ann.Flat.faiss').write_bytes((index.path / 'ann.Flat.faiss').read_bytes())
     with pytest.raises(CorruptIndexError, match=r"ann\.Flat\.faiss.* another build"):
-        other.maxsim_retriever(exact=False, ann='flat', candidates=4)(queries)
+        other.ann_retriever(ann='flat', candidates=4)(queries)
     with pytest.raises(CorruptIndexError, match=r"ann\.Flat\.faiss.* another build"):
         other.verify()
 
@@ -240,7 +240,7 @@ def test_unicode_docnos_in_every_lookup(tmp_path, sharded):
     query = np.ones((1, DIM), dtype=np.float32)
     queries = pd.DataFrame({'qid': ['q'], 'query': 'x', 'query_embs': [query]})
     expected = UNICODE_DOCNOS[::-1]  # document i scores 4 * (i + 1)
-    for retriever in (index.maxsim_retriever(), index.maxsim_retriever(exact=False, ann='flat'),
+    for retriever in (index.maxsim_retriever(), index.ann_retriever(ann='flat'),
                       index.multiquery_retriever('score_sum'), index.mean_retriever()):
         assert retriever(queries)['docno'].tolist() == expected
     results = pd.DataFrame({'qid': 'q', 'query': 'x', 'docno': ['é', '🦀🦀', 'naïve-文書'], 'score': 0.,
@@ -300,7 +300,7 @@ def test_scores_that_overflow_float32_are_refused(built):
     """Finite query values near float32's limit give inf for every document: an error naming the query instead."""
     index, _ = built
     huge = pd.DataFrame({'qid': ['big'], 'query': 'x', 'query_embs': [np.full((2, DIM), 3e38, dtype=np.float32)]})
-    for retriever in (index.maxsim_retriever(), index.maxsim_retriever(exact=False, ann='flat'),
+    for retriever in (index.maxsim_retriever(), index.ann_retriever(ann='flat'),
                       index.multiquery_retriever(), index.mean_retriever()):
         with pytest.raises(ValueError, match="query 'big.*float32 overflows"):
             retriever(huge)
@@ -349,7 +349,7 @@ def test_approximate_search_memory_is_bounded_for_a_very_long_document(tmp_path)
     index = MultiVectorIndex(tmp_path / 'index', verbose=False).index(docs)
     queries = pd.DataFrame({'qid': ['q'], 'query': 'x',
                             'query_embs': [1 + rng.uniform(0, .01, size=(4, dim)).astype(np.float32)]})
-    retriever = index.maxsim_retriever(exact=False, ann='flat', candidates=100, num_results=5)
+    retriever = index.ann_retriever(ann='flat', candidates=100, num_results=5)
     retriever(queries)  # builds the FAISS stage
     tracemalloc.start()
     try:
@@ -374,9 +374,8 @@ def test_scores_do_not_depend_on_how_queries_are_batched(tmp_path):
     queries = pd.DataFrame({'qid': [f'q{i}' for i in range(12)], 'query': 'x',
                             'query_embs': [rng.normal(size=(1 if i % 3 == 0 else 1 + i, 128)).astype(np.float32)
                                            for i in range(12)]})
-    for exact in (True, False):
-        runs = [index.maxsim_retriever(num_results=20, exact=exact, ann='flat', batch_size=batch_size)(queries)
-                for batch_size in (1, 5, 64)]
+    for search, settings in ((index.retriever, {}), (index.ann_retriever, {'ann': 'flat'})):
+        runs = [search(num_results=20, batch_size=batch_size, **settings)(queries) for batch_size in (1, 5, 64)]
         for run in runs[1:]:
             pd.testing.assert_frame_equal(run, runs[0], check_exact=True)
 

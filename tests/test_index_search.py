@@ -102,7 +102,7 @@ def test_batched_rescoring_equals_the_per_query_reference(data, aggregate, num_r
     integer, indexes, queries = data
     for index in indexes.values():
         expected = per_query_reference(index, queries, candidates, aggregate, num_results)
-        out = index.maxsim_retriever(exact=False, ann='flat', candidates=candidates, num_results=num_results,
+        out = index.ann_retriever(ann='flat', candidates=candidates, num_results=num_results,
                                      aggregate=aggregate, batch_size=batch_size, tile_bytes=tile_bytes)(topics(queries))
         assert_rankings(out, expected, exact_scores=integer)
 
@@ -127,7 +127,7 @@ def test_candidates_covering_every_document_give_the_exact_ranking(data):
     _, indexes, queries = data
     index = indexes['float32']
     exact = index.maxsim_retriever(num_results=50)(topics(queries))
-    approximate = index.maxsim_retriever(exact=False, ann='flat', candidates=10_000, num_results=50)(topics(queries))
+    approximate = index.ann_retriever(ann='flat', candidates=10_000, num_results=50)(topics(queries))
     pd.testing.assert_frame_equal(approximate, exact)
 
 
@@ -171,13 +171,13 @@ def test_threads_are_set_for_torch_and_faiss_and_restored(data, monkeypatch):
         # (1, 3) where torch and FAISS have OpenMP runtimes of their own, (3, 3) where they share one (which
         # depends on the libraries loaded before them)
         state = (torch.get_num_threads(), faiss.omp_get_max_threads())
-        retriever = indexes['float32'].maxsim_retriever(exact=False, ann='flat', candidates=16, batch_size=2, threads=2)
+        retriever = indexes['float32'].ann_retriever(ann='flat', candidates=16, batch_size=2, threads=2)
         retriever(topics(queries))
         # one FAISS search for all the queries' vectors, whatever the batch size, on the threads asked for
         assert seen == [(sum(len(q) for q in queries), 2, 2)]
         assert (torch.get_num_threads(), faiss.omp_get_max_threads()) == state
         seen.clear()
-        indexes['float32'].maxsim_retriever(exact=False, ann='flat')(topics(queries))
+        indexes['float32'].ann_retriever(ann='flat')(topics(queries))
         assert seen[0][1:] == (state[0], state[0])  # by default FAISS takes torch's count
     finally:
         torch.set_num_threads(torch_before)
@@ -200,7 +200,7 @@ def test_ivf_sq8_candidate_stage(data):
     lists = ann.nlist
     assert files[f'ann.IVF{lists}_SQ8.faiss'] < vec_count * (DIM + 8) + lists * DIM * 4 + 4096
     # probing every list and taking every vector: the exact ranking, whatever the 8-bit distances
-    out = index.maxsim_retriever(exact=False, ann='ivf', quantizer='SQ8', search_effort=lists, candidates=vec_count,
+    out = index.ann_retriever(ann='ivf', quantizer='SQ8', search_effort=lists, candidates=vec_count,
                                  num_results=20)(topics(queries))
     pd.testing.assert_frame_equal(out, index.maxsim_retriever(num_results=20)(topics(queries)))
 
@@ -226,12 +226,12 @@ def test_approximate_search_returns_num_results_where_its_candidates_hold_fewer(
     index = MultiVectorIndex(tmp_path / 'index', verbose=False).indexer().index(docs)
     topics = pd.DataFrame({'qid': ['q0', 'q1', 'q2'], 'query_embs': [rng.normal(size=(2, 8)).astype(np.float32)
                                                                      for _ in range(3)]})
-    approximate = index.retriever(exact=False, ann='flat', candidates=2, num_results=20, device='cpu')(topics)
-    exact = index.retriever(exact=True, num_results=20, device='cpu')(topics)
+    approximate = index.ann_retriever(ann='flat', candidates=2, num_results=20, device='cpu')(topics)
+    exact = index.retriever(num_results=20, device='cpu')(topics)
     assert approximate.groupby('qid').size().tolist() == [20, 20, 20]
     columns = ['qid', 'docno', 'score', 'rank']
     pd.testing.assert_frame_equal(approximate[columns], exact[columns])
-    few = index.retriever(exact=False, ann='flat', candidates=2, num_results=3, device='cpu')(topics)
+    few = index.ann_retriever(ann='flat', candidates=2, num_results=3, device='cpu')(topics)
     assert few.groupby('qid').size().tolist() == [3, 3, 3]  # enough candidates: no exact search
 
 

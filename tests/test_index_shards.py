@@ -72,11 +72,11 @@ def test_maxsim_rankings_equal_one_index(indexes, aggregate):
         lambda index: index.maxsim_retriever(num_results=30, aggregate=aggregate),
         # blocks and tiles that straddle the shards
         lambda index: index.maxsim_retriever(num_results=200, aggregate=aggregate, block_vectors=70, tile_bytes=900),
-        lambda index: index.maxsim_retriever(exact=False, ann='flat', candidates=candidates, num_results=20,
+        lambda index: index.ann_retriever(ann='flat', candidates=candidates, num_results=20,
                                              aggregate=aggregate),
         # IVF of float32 vectors probing every list: exhaustive, as flat (8-bit codes, the default, are trained on
         # each shard's own value ranges)
-        lambda index: index.maxsim_retriever(exact=False, ann='ivf', quantizer='Flat', search_effort=10_000,
+        lambda index: index.ann_retriever(ann='ivf', quantizer='Flat', search_effort=10_000,
                                              candidates=candidates, num_results=20, aggregate=aggregate),
     ]
     for make in retrievers:

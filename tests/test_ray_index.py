@@ -57,17 +57,17 @@ RETRIEVERS = {
     'exact sum': lambda index: index.maxsim_retriever(num_results=40, aggregate='sum'),
     # blocks and tiles smaller than a shard
     'exact small blocks': lambda index: index.maxsim_retriever(num_results=200, block_vectors=70, tile_bytes=900),
-    'flat': lambda index: index.maxsim_retriever(exact=False, ann='flat', candidates=6, num_results=30),
-    'flat SQ8': lambda index: index.maxsim_retriever(exact=False, ann='flat', quantizer='SQ8', candidates=6,
+    'flat': lambda index: index.ann_retriever(ann='flat', candidates=6, num_results=30),
+    'flat SQ8': lambda index: index.ann_retriever(ann='flat', quantizer='SQ8', candidates=6,
                                                      num_results=30),
-    'ivf SQ8': lambda index: index.maxsim_retriever(exact=False, ann='ivf', candidates=6, num_results=30),
-    'ivf Flat': lambda index: index.maxsim_retriever(exact=False, ann='ivf', quantizer='Flat', candidates=6,
+    'ivf SQ8': lambda index: index.ann_retriever(ann='ivf', candidates=6, num_results=30),
+    'ivf Flat': lambda index: index.ann_retriever(ann='ivf', quantizer='Flat', candidates=6,
                                                      num_results=30, batch_size=5, tile_bytes=2000),
-    'hnsw': lambda index: index.maxsim_retriever(exact=False, ann='hnsw', candidates=6, num_results=30),
+    'hnsw': lambda index: index.ann_retriever(ann='hnsw', candidates=6, num_results=30),
     'multiquery round_robin': lambda index: index.multiquery_retriever('round_robin', num_results=25),
     'multiquery score_sum': lambda index: index.multiquery_retriever('score_sum', num_results=25),
     'multiquery rrf': lambda index: index.multiquery_retriever('rrf', num_results=25),
-    'multiquery approximate': lambda index: index.multiquery_retriever(num_results=25, exact=False, ann='flat',
+    'multiquery approximate': lambda index: index.multiquery_retriever(num_results=25, search='ann', ann='flat',
                                                                        candidates=4),
     'mean': lambda index: index.mean_retriever(num_results=20),
     'mean normalised': lambda index: index.mean_retriever(num_results=20, normalise=True),
@@ -81,7 +81,7 @@ def test_every_retriever_ranks_and_scores_as_one_process(indexes, kind):
     expected = RETRIEVERS[kind](sharded)(queries)
     assert len(expected) > 0 and expected['score'].nunique() > 20  # a ranking, not a trivial frame
     for actors, index in over_ray.items():
-        pd.testing.assert_frame_equal(RETRIEVERS[kind](index)(queries), expected, check_exact=True, obj=f'{actors}')
+        pd.testing.assert_frame_equal(RETRIEVERS[kind](index)(queries), expected, check_obj=f'{actors}')
 
 
 def test_the_scorer_scores_as_one_process_and_names_an_unknown_docno(indexes):

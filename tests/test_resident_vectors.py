@@ -27,8 +27,8 @@ def index_and_topics(tmp_path):
 
 def searches(index, topics):
     """Exact search, approximate search at a fixed candidate count, and the scorer on exact search's results."""
-    exact = index.retriever(exact=True, num_results=20, device='cpu')(topics)
-    approx = index.retriever(exact=False, candidates=8, ann='flat', num_results=20, device='cpu')(topics)
+    exact = index.retriever(num_results=20, device='cpu')(topics)
+    approx = index.ann_retriever(candidates=8, ann='flat', num_results=20, device='cpu')(topics)
     rescored = index.scorer(device='cpu')(exact[['qid', 'docno']].merge(topics, on='qid'))
     return exact, approx, rescored
 

@@ -6,12 +6,13 @@ import pytest
 
 from pyterrier_multiquery.index import MultiVectorIndex, ShardedMultiVectorIndex
 from pyterrier_multiquery.index.distributed import RayIndex
+from pyterrier_multiquery.index.ann_retriever import ApproxMaxSimRetriever
 from pyterrier_multiquery.index.maxsim import MaxSimRetriever, MaxSimScorer
 from pyterrier_multiquery.index.mean import MeanRetriever
 from pyterrier_multiquery.index.multiquery import MultiQueryRetriever
 
-METHODS = {'retriever': MaxSimRetriever, 'maxsim_retriever': MaxSimRetriever, 'scorer': MaxSimScorer,
-           'mean_retriever': MeanRetriever, 'multiquery_retriever': MultiQueryRetriever}
+METHODS = {'retriever': MaxSimRetriever, 'maxsim_retriever': MaxSimRetriever, 'ann_retriever': ApproxMaxSimRetriever,
+           'scorer': MaxSimScorer, 'mean_retriever': MeanRetriever, 'multiquery_retriever': MultiQueryRetriever}
 
 
 @pytest.mark.parametrize('index_class', [MultiVectorIndex, ShardedMultiVectorIndex, RayIndex])
@@ -33,7 +34,12 @@ def test_search_methods_build_their_transformer(tmp_path):
     index = MultiVectorIndex(tmp_path / 'index', verbose=False)
     index.index([{'docno': 'd', 'doc_embs': np.ones((1, 2), dtype=np.float32)}])
     assert index.retriever(num_results=5) == MaxSimRetriever(index, num_results=5)
-    assert index.maxsim_retriever(exact=False) == MaxSimRetriever(index, exact=False)
+    assert index.ann_retriever(ann='flat') == ApproxMaxSimRetriever(index, ann='flat')
+    assert index.maxsim_retriever(num_results=5) == index.retriever(num_results=5)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'exact'"):
+        index.retriever(exact=False)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'block_vectors'"):
+        index.ann_retriever(block_vectors=10)
     assert index.multiquery_retriever('rrf', num_results=3) == MultiQueryRetriever(index, merge='rrf', num_results=3)
     with pytest.raises(TypeError, match=r"scorer\(\) takes at most 0 positional arguments \(none\), got 1"):
         index.scorer('mean')

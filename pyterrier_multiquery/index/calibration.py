@@ -1,18 +1,24 @@
-"""The approximate search's candidate count and search effort, measured on the index itself: a self-test on sampled
-documents.
+"""The approximate search's candidate count and search effort, measured on the index itself by an explicit step
+(:meth:`~.ann_retriever.ApproxMaxSimRetriever.calibrate`): a self-test on sampled documents.
 
 An ANN stage needs more candidates per query vector as a collection grows and as its vectors crowd together, and
 past some count exact search is the cheaper way to the same top 10. How much of the FAISS index each query vector
 visits (IVF lists probed, HNSW's ``efSearch``) trades against the candidate count: fewer lists probed cost less but
-need more candidates for the same recall. :func:`calibrated` finds, once per index build and ANN setting, for each
-search effort of :data:`SEARCH_EFFORTS` (or the one the retriever names) the smallest candidate count whose
-recall@10 against exact search reaches :data:`TARGET_RECALL` on documents of the index used as queries (each
-document's own vectors, at most :data:`QUERY_VECTORS` of them, itself excluded from both rankings), keeps the
-fastest of these, and whether it is faster than exact search there; it keeps the answer in the index folder.
+need more candidates for the same recall. :func:`calibrate` finds, for each search effort of :data:`SEARCH_EFFORTS`
+(or the one the retriever names), the smallest candidate count whose recall@10 against exact search reaches
+:data:`TARGET_RECALL` on documents of the index used as queries (each document's own vectors, at most
+:data:`QUERY_VECTORS` of them, itself excluded from both rankings): that part is deterministic, the same on every
+run. Which of these efforts is fastest, and whether it beats exact search, is timed, so it holds for the machine it
+ran on: the answer is kept per machine and kind of device, in :func:`calibration_dir` (outside the index folder, so
+that a copied, shared or uploaded index carries none), and used by later searches there. A search with no
+calibration for its machine uses :data:`DEFAULT_CANDIDATES` and :data:`DEFAULT_SEARCH_EFFORT` and says so once.
 """
 import hashlib
 import json
+import os
+import platform
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
@@ -36,8 +42,10 @@ QUERY_VECTORS = 32
 CANDIDATE_COUNTS = tuple(round(16 * 2 ** (step / 2)) for step in range(19))   # 16, 23, 32, 45, ... 8192
 #: Search efforts tried where the retriever names none, the usual one first (FAISS's flat index has no effort).
 SEARCH_EFFORTS = (32, 16, 8, 4, 64)
-#: The search effort where the candidate count is given and the effort is not.
+#: The search effort where the candidate count is given and the effort is not, or where nothing was calibrated.
 DEFAULT_SEARCH_EFFORT = 32
+#: The candidate count where nothing was calibrated on this machine.
+DEFAULT_CANDIDATES = 256
 #: Timed repeats of the exact and the approximate search at each effort's count (interleaved; medians compared).
 REPEATS = 3
 #: Bumped when the self-test changes, so that calibrations made by an older one are redone.
@@ -67,35 +75,84 @@ class Calibration:
     tried: dict
 
 
-def calibration_file(index, kind: str, quantizer: str, search_effort: Optional[int], aggregate: str,
-                     device: str) -> Path:
-    """Where the calibration of ``index`` for an ANN setting is kept: in the index folder, one per kind of device
-    (``cpu`` or ``cuda``: which search is faster depends on it); ``search_effort`` None: the efforts calibrated."""
-    effort = 'auto' if search_effort is None else search_effort
-    return Path(index.path) / f'calibration.{kind}_{quantizer}_e{effort}_{aggregate}_{device.split(":")[0]}.json'
+def calibration_dir() -> Path:
+    """Where this machine keeps its calibrations: ``$PYTERRIER_MULTIQUERY_CALIBRATIONS``, else
+    ``~/.cache/pyterrier_multiquery/calibrations``."""
+    return Path(os.environ.get('PYTERRIER_MULTIQUERY_CALIBRATIONS',
+                               Path.home() / '.cache' / 'pyterrier_multiquery' / 'calibrations'))
 
 
-def calibrated(retriever) -> Calibration:
-    """The calibration of an approximate :class:`~.maxsim.MaxSimRetriever`'s index and ANN setting: read from the
-    index folder if made for this build by this self-test, else made (:func:`calibrate`) and written there (through
-    a temporary name).
+def machine(device: str) -> str:
+    """What a calibration's timings hold for: the host, its processor and, on a GPU, the card."""
+    parts = [platform.node(), platform.machine(), platform.processor(), str(os.cpu_count())]
+    if device.startswith('cuda'):
+        import torch
+        parts.append(torch.cuda.get_device_name(torch.device(device)))
+    return hashlib.sha256('|'.join(parts).encode()).hexdigest()[:16]
+
+
+def calibration_file(retriever) -> Path:
+    """Where the calibration of an approximate retriever's index build and ANN setting is kept on this machine, one
+    per kind of device (``cpu`` or ``cuda``: which search is faster depends on it); a retriever that names no search
+    effort has the efforts calibrated."""
+    build_id = retriever.index.payload()[0]['build_id']
+    effort = 'auto' if retriever.search_effort is None else retriever.search_effort
+    device = retriever.device.split(':')[0]
+    return calibration_dir() / build_id / (f'{retriever.ann}_{retriever.quantizer}_e{effort}_{retriever.aggregate}_'
+                                           f'{device}_{machine(retriever.device)}.json')
+
+
+def stored(retriever) -> Optional[Calibration]:
+    """This machine's calibration of the retriever's index build and ANN setting, if one was made.
+
+    Raises:
+        CorruptIndexError: If the calibration file changed since it was written (named).
+    """
+    path = calibration_file(retriever)
+    if not path.exists():
+        return None
+    found = read_calibration_file(path)
+    return _from_json(found['calibration']) if found['version'] == VERSION else None
+
+
+_WARNED = set()
+
+
+def stored_setting(retriever) -> tuple:
+    """The candidate count (None: exact search) and search effort of this machine's calibration for the retriever,
+    else :data:`DEFAULT_CANDIDATES` and its search effort or :data:`DEFAULT_SEARCH_EFFORT`, with a warning (once per
+    index and setting) that names ``calibrate()``."""
+    found = stored(retriever)
+    if found is not None:
+        return found.candidates, found.search_effort
+    key = calibration_file(retriever)
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(f'{retriever!r} is not calibrated on this machine: searching with {DEFAULT_CANDIDATES} '
+                      'candidates a query vector; call its calibrate() once to measure the candidates and search '
+                      'effort this index needs here (or give candidates=)', stacklevel=3)
+    return DEFAULT_CANDIDATES, retriever.search_effort or DEFAULT_SEARCH_EFFORT
+
+
+def calibrated(retriever, remeasure: bool = False) -> Calibration:
+    """This machine's calibration of an approximate retriever's index and ANN setting: the one kept, unless
+    ``remeasure``, else made (:func:`calibrate`) and kept (through a temporary name).
 
     Raises:
         CorruptIndexError: If the calibration file changed since it was written (named).
     """
     index = retriever.index
-    path = calibration_file(index, retriever.ann, retriever.quantizer, retriever.search_effort, retriever.aggregate,
-                            retriever.device)
     build_id = index.payload()[0]['build_id']
-    if path.exists():
-        stored = read_calibration_file(path)
-        if stored['build_id'] == build_id and stored['version'] == VERSION:
-            return _from_json(stored['calibration'])
+    found = None if remeasure else stored(retriever)
+    if found is not None:
+        return found
     found = calibrate(retriever)
     if index.payload()[0]['build_id'] == build_id:   # not when the index was replaced meanwhile
         body = {'build_id': build_id, 'version': VERSION, 'target_recall': TARGET_RECALL,
-                'sample_documents': SAMPLE_DOCUMENTS,
+                'sample_documents': SAMPLE_DOCUMENTS, 'machine': machine(retriever.device),
                 'calibration': _to_json(found)}
+        path = calibration_file(retriever)
+        path.parent.mkdir(parents=True, exist_ok=True)
         with building(path) as tmp:
             tmp.write_text(json.dumps({**body, 'sha256': _digest(body)}, indent=2))
     return found
@@ -135,7 +192,8 @@ def _digest(body: dict) -> str:
 
 
 def calibrate(retriever) -> Calibration:
-    """Runs the self-test of an approximate :class:`~.maxsim.MaxSimRetriever`'s index and ANN setting: up to
+    """Runs the self-test of an approximate retriever's index and ANN setting
+    (:class:`~.ann_retriever.ApproxMaxSimRetriever`): up to
     :data:`SAMPLE_DOCUMENTS` documents of the index (drawn with a fixed seed) search it with their own vectors (at
     most :data:`QUERY_VECTORS` of them), exactly and, at each search effort (the retriever's, or each of
     :data:`SEARCH_EFFORTS`), over ANN candidates at each of :data:`CANDIDATE_COUNTS` in turn.
@@ -162,24 +220,27 @@ def calibrate(retriever) -> Calibration:
     else:
         efforts = (DEFAULT_SEARCH_EFFORT,) if retriever.ann == 'flat' else SEARCH_EFFORTS
 
-    def search(**settings):
-        """The retriever's search of the sample, top :data:`TOP` + 1, with ``settings``."""
-        return type(retriever)(index, num_results=TOP + 1, aggregate=retriever.aggregate, ann=retriever.ann,
-                               quantizer=retriever.quantizer, device=retriever.device, verbose=retriever.verbose,
-                               **settings)
-    exact = search(exact=True)
+    from pyterrier_multiquery.index.maxsim import MaxSimRetriever
+    common = dict(num_results=TOP + 1, aggregate=retriever.aggregate, device=retriever.device,
+                  verbose=retriever.verbose)
+
+    def approximate(count: int, effort: int):
+        """The retriever's search of the sample, top :data:`TOP` + 1, at a candidate count and search effort."""
+        return type(retriever)(index, ann=retriever.ann, quantizer=retriever.quantizer, candidates=count,
+                               search_effort=effort, **common)
+    exact = MaxSimRetriever(index, **common)
     truth = _top_others(exact(queries))
     exact_times = [_seconds(exact, queries)]
     if doc_count <= TOP + 1:   # every document is in every top 10
         return Calibration(None, efforts[0], 1., float('nan'), exact_times[0], {})
     tried, reached, last = {}, {}, None
     bar = pt.tqdm(total=len(efforts) * len(CANDIDATE_COUNTS) + REPEATS - 1, unit='setting',
-                  desc=f'calibrating the {retriever.ann} search of {index.path} (once per build and device)')
+                  desc=f'calibrating the {retriever.ann} search of {index.path} on this machine')
     for effort in efforts:
         tried[effort] = {}
         for count in CANDIDATE_COUNTS:
             bar.update()
-            approx = search(exact=False, candidates=count, search_effort=effort)
+            approx = approximate(count, effort)
             found = _top_others(approx(queries))   # the first search also loads (or builds) the FAISS index
             recall = float(np.mean([len(set(found.get(qid, ())) & set(top)) / len(top) for qid, top in truth.items()]))
             tried[effort][count] = recall

@@ -74,17 +74,14 @@ class SearchableIndex(Searches, DerivedIdentity):
         return RayIndex(self, num_actors=num_actors, address=address, **kwargs)
 
     def verify(self) -> None:
-        """Checks every file of the index against its checksum, reading all of them: the vectors, the FAISS files
-        and the calibrations of the approximate search too, which opening the index does not read.
+        """Checks every file of the index against its checksum, reading all of them: the vectors and the FAISS
+        files too, which opening the index does not read.
 
         Raises:
             FileNotFoundError: If no finished index is at ``path``, or a file is missing.
             CorruptIndexError: Naming the first file that changed since it was written.
         """
         from pyterrier_multiquery.index.ann import check_ann_file
-        from pyterrier_multiquery.index.calibration import read_calibration_file
-        for calibration in sorted(self.path.glob('calibration.*.json')):
-            read_calibration_file(calibration)
         for shard in self.shards():
             meta = shard.payload()[0]
             vectors = _DTYPES[meta['dtype']][0]
@@ -153,8 +150,8 @@ class MultiVectorIndex(SearchableIndex, pta.Artifact, pt.Indexer):
         them would be (so rankings equal a fresh build's), beside the old one, and put in its place when complete: a
         search running meanwhile gets the whole index before or after (it retries once on the new build), and a
         process killed during the update leaves the index as it was. Each update writes every vector once, so the
-        index stays compact with no separate compaction (its FAISS stage and calibration are made again on first
-        use); the sharded index adds a shard instead.
+        index stays compact with no separate compaction (its FAISS stage is made again on first use, and its
+        calibration by ``calibrate()``: a new build has none); the sharded index adds a shard instead.
 
         Raises:
             ValueError: If a new docno is in the index already or occurs twice among the new ones, or a record is

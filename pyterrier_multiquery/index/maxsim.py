@@ -47,72 +47,24 @@ def maxsim_scores(query, doc_vectors, doc_lengths, aggregate: str):
     return (scores / query_lengths[:, None] if aggregate == 'mean' else scores).float()
 
 
-class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
-    """Retrieves each query's top ``num_results`` documents by ColBERT-style MaxSim.
+class MaxSimSearch(DerivedIdentity, NumResultsCutoff, pt.Transformer):
+    """What the MaxSim searches share: the frame in and out, the device and threads, and exact search (which the
+    approximate search falls back to). A search kind is a subclass with its own arguments (:class:`MaxSimRetriever`,
+    :class:`~.ann_retriever.ApproxMaxSimRetriever`) that implements :meth:`search`."""
+    #: Stored vectors read from disk together by the exact search.
+    block_vectors = 65536
 
-    ``score(q, d) = agg_i max_j <q_i, d_j>`` over the query's vectors ``q_i`` (``query_embs``) and the document's
-    stored vectors ``d_j``, ``agg`` being the mean (default) or the sum. With ``exact=True`` every document is
-    scored: the stored vectors are read in blocks of about ``block_vectors`` (each block once, for all queries) and
-    scored in tiles of about ``tile_bytes`` (a float16 index is converted to float32 a tile at a time). With
-    ``exact=False`` each query vector first takes its ``candidates`` nearest stored vectors from a FAISS index
-    (``ann``: flat, ivf or hnsw, storing ``quantizer`` codes; built once and cached in the index folder; one
-    search for all the queries of a frame), and exact MaxSim is computed over their documents only (a query whose
-    candidates hold fewer than ``num_results`` documents is searched exactly instead), for as many
-    queries at once as ``batch_size`` and ``tile_bytes`` allow. By default the index calibrates the candidate
-    count and the search effort itself (:func:`~.calibration.calibrated`: the fastest pair reaching recall@10 of at
-    least 0.995 against exact search on sampled documents, measured once per build, setting and kind of device) and
-    searches exactly where that is faster.
-    Ties are broken by the documents' order in the index. Scoring runs in torch on ``device`` (CUDA when
-    available; a GPU keeps the stored vectors in its memory between searches where they take at most half of what
-    is free), FAISS search on the GPU when FAISS has GPU support; the CPU gives the same rankings. On the CPU,
-    torch and FAISS both use ``threads`` threads during a search.
-    """
-    schematic = {'label': 'MaxSim'}
-
-    def __init__(self, index, *, num_results: int = 1000, aggregate: str = 'mean', exact: bool = True,
-                 ann: str = 'ivf', quantizer: Optional[str] = None, candidates: Optional[int] = None,
-                 search_effort: Optional[int] = None, device: Optional[str] = None, batch_size: int = 64,
-                 block_vectors: int = 65536, tile_bytes: Optional[int] = None, threads: Optional[int] = None,
-                 drop_query_embs: bool = False, verbose: bool = False):
-        """
-        Args:
-            index: The :class:`MultiVectorIndex` (or :class:`ShardedMultiVectorIndex`) to search.
-            num_results: Documents returned per query.
-            aggregate: ``mean`` or ``sum`` over the query's vectors.
-            exact: Score every document (True) or only the ANN candidates (False).
-            ann: FAISS index kind for the candidates: ``flat``, ``ivf`` or ``hnsw``.
-            quantizer: FAISS storage of the ANN stage: ``Flat`` (float32), ``SQ8``, ``SQ4``, ``SQfp16`` or
-                ``PQ<m>``; None for the kind's default (``SQ8`` for ivf, ``Flat`` for flat and hnsw).
-            candidates: Stored vectors fetched per query vector by the ANN stage; None (the default) for the
-                count the index's self-test calibrates (exact search where that is faster).
-            search_effort: IVF lists probed (``nprobe``) or HNSW ``efSearch``; None (the default) for the one the
-                self-test calibrates with the candidate count (where ``candidates`` is given: 32).
-            device: torch device for scoring (default: CUDA if available, else CPU).
-            batch_size: Queries scored together.
-            block_vectors: Stored vectors read from disk together by the exact search.
-            tile_bytes: Working memory of one scoring step (default: 4 MiB on the CPU, to stay in its caches;
-                256 MiB on a GPU).
-            threads: CPU threads of torch and FAISS during a search (default: ``torch.get_num_threads()``); the
-                counts before are restored after it.
-            drop_query_embs: Whether to drop ``query_embs`` from the output.
-            verbose: Whether to show progress bars.
-        """
-        from pyterrier_multiquery.index.ann import ann_storage
+    def __init__(self, index, *, num_results: int, aggregate: str, device: Optional[str], batch_size: int,
+                 tile_bytes: Optional[int], threads: Optional[int], drop_query_embs: bool, verbose: bool):
         if aggregate not in AGGREGATES:
             raise ValueError(f'aggregate must be one of {AGGREGATES}, got {aggregate!r}')
-        if num_results < 1 or (candidates is not None and candidates < 1):
-            raise ValueError(f'num_results and candidates must be positive, got {num_results} and {candidates}')
+        if num_results < 1:
+            raise ValueError(f'num_results must be positive, got {num_results}')
         self.index = index
         self.num_results = num_results
         self.aggregate = aggregate
-        self.exact = exact
-        self.ann = ann
-        self.quantizer = ann_storage(ann, quantizer)  # checks both
-        self.candidates = candidates
-        self.search_effort = search_effort
         self.device = resolve_device(device)
         self.batch_size = batch_size
-        self.block_vectors = block_vectors
         self.tile_bytes = tile_bytes or ((256 if self.device.startswith('cuda') else 4) << 20)
         self.threads = check_threads(threads)
         self.drop_query_embs = drop_query_embs
@@ -128,10 +80,16 @@ class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
         columns = [c for c in inp.columns if not (self.drop_query_embs and c == 'query_embs')]
         results = []
         if queries:
-            with cpu_threads(self.threads, with_faiss=not self.exact):
-                search = self._search_exact if self.exact else self._search_approximate
-                results = search(queries, shards, inp['qid'].tolist())
+            with cpu_threads(self.threads, with_faiss=self.uses_faiss):
+                results = self.search(queries, shards, inp['qid'].tolist())
         return result_frame(inp[columns], results, shards.docnos)
+
+    #: Whether the search runs FAISS (whose threads follow ``threads`` too).
+    uses_faiss = False
+
+    def search(self, queries, shards, qids: list) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Each batch's ``(scores, docids, counts)`` over all shards."""
+        raise NotImplementedError
 
     def _search_exact(self, queries, shards, qids: list) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Every shard's top documents for each batch of queries, merged batch by batch."""
@@ -140,52 +98,46 @@ class MaxSimRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
                                device=self.device, label=repr(self) if self.verbose else None)
         return [merge_top(parts, self.num_results) for parts in zip(*per_shard)]
 
-    def _search_approximate(self, queries, shards, qids: list) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """The ANN candidates of every query vector over all shards (one search for all the queries), then exact
-        MaxSim of each query's candidate documents by the shards that hold them, merged batch by batch."""
-        from pyterrier_multiquery.index.ann import merge_hits
-        from pyterrier_multiquery.index.calibration import DEFAULT_SEARCH_EFFORT, calibrated
-        candidates, effort = self.candidates, self.search_effort
-        if candidates is None:
-            found = calibrated(self)
-            if found.candidates is None:
-                return self._search_exact(queries, shards, qids)
-            candidates, effort = found.candidates, found.search_effort
-        elif effort is None:
-            effort = DEFAULT_SEARCH_EFFORT
-        hits = merge_hits(shards.map('ann_hits', np.concatenate(queries), candidates, kind=self.ann,
-                                     quantizer=self.quantizer, search_effort=effort, device=self.device),
-                           candidates)[1]
-        vector_counts = np.array([len(q) for q in queries])
-        first_rows = np.cumsum(vector_counts) - vector_counts
-        batches = []
-        for start in range(0, len(queries), self.batch_size):
-            stop = min(len(queries), start + self.batch_size)
-            rows = slice(first_rows[start], first_rows[stop - 1] + vector_counts[stop - 1])
-            batches.append((start, stop, candidate_documents(hits[rows], vector_counts[start:stop])))
-        per_shard = shards.map(
-            'rescore', queries, qids=qids, num_results=self.num_results, aggregate=self.aggregate,
-            tile_bytes=self.tile_bytes, device=self.device, label=repr(self) if self.verbose else None,
-            shard_args=[[(start, stop, shard_documents(docids, first, count)) for start, stop, docids in batches]
-                        for first, count in zip(shards.firsts, shards.counts)])
-        return self._completed([merge_top(parts, self.num_results) for parts in zip(*per_shard)], queries, shards,
-                               qids)
 
-    def _completed(self, results: list, queries, shards, qids: list) -> list:
-        """``results`` where each query whose candidates held fewer than ``num_results`` documents (of an index that
-        holds that many) is searched exactly instead, so that every query gets its ``num_results`` documents."""
-        counts = np.concatenate([c for _, _, c in results])
-        short = np.flatnonzero(counts < min(self.num_results, sum(shards.counts)))
-        if not len(short):
-            return results
-        rows = [(s[i:i + 1], d[i:i + 1], c[i:i + 1]) for s, d, c in results for i in range(len(c))]
-        exact = [(s[i:i + 1], d[i:i + 1], c[i:i + 1]) for s, d, c in
-                 self._search_exact([queries[i] for i in short], shards, [qids[i] for i in short])
-                 for i in range(len(c))]
-        for position, row in zip(short, exact):
-            rows[position] = row
-        return rows
+class MaxSimRetriever(MaxSimSearch):
+    """Retrieves each query's top ``num_results`` documents by ColBERT-style MaxSim over every document: exact search.
 
+    ``score(q, d) = agg_i max_j <q_i, d_j>`` over the query's vectors ``q_i`` (``query_embs``) and the document's
+    stored vectors ``d_j``, ``agg`` being the mean (default) or the sum. The stored vectors are read in blocks of about
+    ``block_vectors`` (each block once, for all queries) and screened in tiles of about ``tile_bytes`` in a low
+    precision whose error is bounded, then the documents the bound cannot rule out are scored in float64, so that
+    rankings and scores are the same on every device. On a GPU the documents are grouped by length and screened by a
+    fused kernel (:mod:`.grouped`), kept on the device between searches. Ties are broken by the documents' order in
+    the index. On the CPU, torch uses ``threads`` threads during a search. The approximate search is
+    :class:`~.ann_retriever.ApproxMaxSimRetriever`.
+    """
+    schematic = {'label': 'MaxSim'}
+
+    def __init__(self, index, *, num_results: int = 1000, aggregate: str = 'mean', device: Optional[str] = None,
+                 batch_size: int = 64, block_vectors: int = 65536, tile_bytes: Optional[int] = None,
+                 threads: Optional[int] = None, drop_query_embs: bool = False, verbose: bool = False):
+        """
+        Args:
+            index: The :class:`MultiVectorIndex` (or :class:`ShardedMultiVectorIndex`) to search.
+            num_results: Documents returned per query.
+            aggregate: ``mean`` or ``sum`` over the query's vectors.
+            device: torch device for scoring (default: CUDA if available, else CPU).
+            batch_size: Queries scored together.
+            block_vectors: Stored vectors read from disk together (the CPU's blockwise search).
+            tile_bytes: Working memory of one scoring step (default: 4 MiB on the CPU, to stay in its caches;
+                256 MiB on a GPU).
+            threads: CPU threads of torch during a search (default: ``torch.get_num_threads()``); the count before
+                is restored after it.
+            drop_query_embs: Whether to drop ``query_embs`` from the output.
+            verbose: Whether to show progress bars.
+        """
+        super().__init__(index, num_results=num_results, aggregate=aggregate, device=device, batch_size=batch_size,
+                         tile_bytes=tile_bytes, threads=threads, drop_query_embs=drop_query_embs, verbose=verbose)
+        self.block_vectors = block_vectors
+
+    def search(self, queries, shards, qids: list) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Exact search of every shard (:meth:`MaxSimSearch._search_exact`)."""
+        return self._search_exact(queries, shards, qids)
 
 
 class MaxSimScorer(DerivedIdentity, NumResultsCutoff, pt.Transformer):

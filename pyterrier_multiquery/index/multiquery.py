@@ -8,6 +8,7 @@ import pyterrier as pt
 from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff, validate_frame
 
 MERGES = ('round_robin', 'score_sum', 'rrf')
+SEARCHES = ('exact', 'ann')
 
 
 def round_robin(lists: List[List[str]], num_results: int) -> List[str]:
@@ -33,7 +34,8 @@ class MultiQueryRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
     schematic = {'label': 'MultiQuery'}
 
     def __init__(self, index, *, merge: str = 'round_robin', num_results: int = 1000,
-                 per_vector_results: Optional[int] = None, rrf_k: int = 60, verbose: bool = False, **maxsim_args):
+                 per_vector_results: Optional[int] = None, rrf_k: int = 60, search: str = 'exact',
+                 verbose: bool = False, **maxsim_args):
         """
         Args:
             index: The :class:`MultiVectorIndex` (sharded, or over Ray) to search.
@@ -41,12 +43,15 @@ class MultiQueryRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
             num_results: Documents returned per query after merging.
             per_vector_results: Documents each query vector retrieves (default: ``num_results``).
             rrf_k: RRF's rank constant.
+            search: How each vector searches: ``exact`` (:meth:`retriever`) or ``ann`` (:meth:`ann_retriever`).
             verbose: Whether to show progress bars.
-            maxsim_args: Passed to the per-vector :class:`MaxSimRetriever` (``exact``, ``ann``, ``device``, ``threads``,
-                ...).
+            maxsim_args: Passed to the per-vector search (``device``, ``threads``; ``ann``, ``candidates``, ... for
+                ``search='ann'``).
         """
         if merge not in MERGES:
             raise ValueError(f'merge must be one of {MERGES}, got {merge!r}')
+        if search not in SEARCHES:
+            raise ValueError(f'search must be one of {SEARCHES}, got {search!r}')
         self.index = index
         self.merge = merge
         self.num_results = num_results
@@ -54,8 +59,10 @@ class MultiQueryRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
         self.rrf_k = rrf_k
         self.verbose = verbose
         self.maxsim_args = maxsim_args
-        self.retriever = index.maxsim_retriever(num_results=self.per_vector_results, drop_query_embs=True,
-                                                verbose=verbose, **maxsim_args)
+        self.search = search
+        method = index.retriever if search == 'exact' else index.ann_retriever
+        self.retriever = method(num_results=self.per_vector_results, drop_query_embs=True, verbose=verbose,
+                                **maxsim_args)
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Retrieves for each query row (``qid``, ``query_embs``) and merges its vectors' lists (its MaxSim retriever

@@ -73,7 +73,9 @@ class Searches:
     """The search methods of an index (mixed into :class:`~.core.SearchableIndex` and :class:`~.distributed.RayIndex`).
     """
     retriever = LazySearchMethod('retriever', 'pyterrier_multiquery.index.maxsim:MaxSimRetriever',
-                                 'MaxSim retrieval of ``query_embs``, exact or over ANN candidates')
+                                 'Exact MaxSim retrieval of ``query_embs`` over every document')
+    ann_retriever = LazySearchMethod('ann_retriever', 'pyterrier_multiquery.index.ann_retriever:ApproxMaxSimRetriever',
+                                     'Approximate MaxSim retrieval of ``query_embs``: exact MaxSim over ANN candidates')
     #: :meth:`retriever` under the name the experiments and notebooks use.
     maxsim_retriever = retriever
     scorer = LazySearchMethod('scorer', 'pyterrier_multiquery.index.maxsim:MaxSimScorer',
