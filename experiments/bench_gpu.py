@@ -21,6 +21,10 @@ Systems, each called on all queries at once:
 - index exact (cpu): ``index.retriever(device='cpu')`` on every CPU thread, the rankings the others are held to.
 - fast-plaid (with ``--peers``, on the 100k and 1M workloads): fast-plaid 1.7 on the same GPU, 4- and 8-bit codes,
   a grid of ``n_ivf_probe`` x ``n_full_scores``; build seconds, index MiB, peak GPU MiB of the build.
+- index approximate (cuda) (with ``--approximate``, up to ``--approximate-docs`` documents, where FAISS is
+  installed): ``index.ann_retriever(device='cuda')`` after its ``calibrate()`` on the card (FAISS on the GPU where
+  it has code for the card, else on the CPU); 'build s' is the FAISS build and the calibration, 'setting' what the
+  calibration chose.
 
 Rankings beyond ``--cpu-check-docs`` documents (2M: the 10M row) are held to the reference's top 10 instead.
 Timing: one untimed search each, then ``--repeats`` rounds in which every system searches once (the order rotated
@@ -326,6 +330,16 @@ def run_workload(name: str, args) -> list:
     if args.peers and name in PEER_WORKLOADS:
         peers, plaid_builds = plaid_systems(vectors, offsets, queries, args.work_dir)
         systems += peers
+    approximate = None
+    if args.approximate and len(lengths) <= args.approximate_docs:
+        approximate = IndexSearch(f'index approximate ({DEVICE})', index.ann_retriever(device=DEVICE, num_results=K),
+                                  topics)
+        start = time.perf_counter()
+        found = approximate.retriever.calibrate()  # builds the FAISS stage too
+        approximate.build_s = time.perf_counter() - start
+        approximate.setting = 'exact search' if found.candidates is None else \
+            f'{found.candidates} candidates, effort {found.search_effort}'
+        systems.append(approximate)
     results, seconds = timed(systems, args.repeats)
     with open(f'{args.out}_profile.txt', 'a') as f:
         f.write(profile(cuda, name))
@@ -351,6 +365,8 @@ def run_workload(name: str, args) -> list:
                         groups.resident_bytes / 2**30, 'host GiB (streamed)': groups.streamed_bytes / 2**30})
         if isinstance(s, FastPlaid):
             row.update(plaid_builds[s.nbits])
+        if s is approximate:
+            row.update({'build s': s.build_s, 'setting': s.setting})
         row['checked against'] = 'index exact (cpu)' if checked_on_cpu else 'reference'
         rows.append(row)
     if checked_on_cpu:
@@ -365,6 +381,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--workloads', nargs='+', default=WORKLOADS)
     parser.add_argument('--peers', action='store_true', help='fast-plaid on the 100k and 1M workloads')
+    parser.add_argument('--approximate', action='store_true', help='the approximate search, calibrated on the card')
+    parser.add_argument('--approximate-docs', type=int, default=100_000,
+                        help='the approximate search on workloads of at most this many documents (its FAISS build and '
+                             'calibration run on the CPU where FAISS has no GPU code for the card)')
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--device', default='cuda', help='cpu: a dry run of the script on small workloads')
     parser.add_argument('--cpu-check-docs', type=int, default=2_000_000,

@@ -40,13 +40,17 @@ def test_a_tiny_dry_run_writes_the_report(bench, tmp_path, monkeypatch):
     from pyterrier_multiquery.index import shardwise
     monkeypatch.setattr(shardwise, 'uses_length_groups', shardwise.uses_length_groups)  # the dry run replaces it
     out = tmp_path / 'report'
+    monkeypatch.setenv('PYTERRIER_MULTIQUERY_CALIBRATIONS', str(tmp_path / 'calibrations'))
     monkeypatch.setattr(sys, 'argv', ['bench_gpu.py', '--device', 'cpu', '--workloads', 'ragged-1k', '--repeats', '1',
                                       '--cpu-check-docs', '2000', '--work-dir', str(tmp_path / 'work'),
-                                      '--out', str(out)])
+                                      '--out', str(out), '--approximate'])
     bench.main()
     rows = json.loads(out.with_suffix('.json').read_text())['tables']['Exact search']
     assert [r['system'] for r in rows] == ['reference (torch, float32, resident)', 'index exact (cpu)',
-                                           'index exact (cpu, every thread)']
+                                           'index approximate (cpu)', 'index exact (cpu, every thread)']
+    approximate = rows[2]
+    assert approximate['recall@10'] >= 0.9 and approximate['build s'] > 0
+    assert approximate['setting'] == 'exact search' or 'candidates, effort' in approximate['setting']
     grouped = rows[1]
     assert grouped['same order'] == 1.0 and grouped['max |Δscore|'] == 0.0  # the CPU's rankings and scores
     assert grouped['checked against'] == 'index exact (cpu)' and grouped['host GiB (streamed)'] == 0

@@ -15,7 +15,8 @@ from pyterrier_multiquery.index import calibration  # noqa: E402
 from pyterrier_multiquery.index.ann_retriever import ApproxMaxSimRetriever  # noqa: E402
 from pyterrier_multiquery.index.errors import CorruptIndexError  # noqa: E402
 
-SETTING = {'ann': 'ivf', 'quantizer': 'SQ8', 'search_effort': 32, 'aggregate': 'mean', 'device': 'cpu'}
+SETTING = {'ann': 'ivf', 'quantizer': 'SQ8', 'search_effort': 32, 'aggregate': 'mean', 'device': 'cpu',
+           'num_results': 10}
 
 
 def approximate(index, **settings):
@@ -152,7 +153,7 @@ def test_a_search_never_calibrates_and_an_uncalibrated_one_says_so(clustered, ca
     assert 'FAISS IVF' in shown and 'training on' in shown and 'adding 6,000 vectors' in shown
     assert 'calibrating' not in shown and calibration.stored(retriever) is None
     expected = index.ann_retriever(candidates=calibration.DEFAULT_CANDIDATES,
-                                   search_effort=calibration.DEFAULT_SEARCH_EFFORT, num_results=1000)(queries)
+                                   search_effort=calibration.DEFAULT_SEARCH_EFFORT, num_results=10)(queries)
     pd.testing.assert_frame_equal(uncalibrated, expected)
     found = retriever.calibrate()   # real timings
     assert f'calibrating the ivf search of {index.path} on this machine' in capfd.readouterr().err
@@ -224,7 +225,7 @@ def test_a_changed_calibration_file_is_named(clustered, monkeypatch, change):
                      'candidates': text.replace('"candidates": ', '"candidates": 1'),
                      'build': text.replace(index.payload()[0]['build_id'], '0' * 32)}[change])
     with pytest.raises(CorruptIndexError, match=path.name.replace('.', r'\.')):
-        index.ann_retriever()(queries)
+        index.ann_retriever(num_results=10)(queries)
     index.verify()   # the index itself is whole
     path.unlink()   # as the error says: calibrated again
     assert calibration.calibrated(approximate(index, search_effort=None)).candidates is not None
@@ -252,7 +253,8 @@ def test_settings_are_calibrated_apart(clustered, monkeypatch, calibrations):
     calibration.calibrated(approximate(index, search_effort=None))
     build_id = index.payload()[0]['build_id']
     assert sorted(p.relative_to(calibrations).as_posix().rsplit('_', 1)[0] for p in calibrations.rglob('*.json')) == [
-        f'{build_id}/ivf_SQ8_e32_mean_cpu', f'{build_id}/ivf_SQ8_e4_sum_cpu', f'{build_id}/ivf_SQ8_eauto_mean_cpu']
+        f'{build_id}/ivf_SQ8_e32_mean_k10_cpu', f'{build_id}/ivf_SQ8_e4_sum_k10_cpu',
+        f'{build_id}/ivf_SQ8_eauto_mean_k10_cpu']
 
 
 def test_a_tiny_index_searches_exactly(tmp_path):
@@ -297,3 +299,18 @@ def test_every_effort_searches_the_one_faiss_index_loaded(clustered, monkeypatch
     pd.testing.assert_frame_equal(fresh.ann_retriever(candidates=16, search_effort=64, num_results=10)(
         queries), runs[64])
     assert not runs[1].equals(runs[64])   # one list probed misses some of what 64 find
+
+
+def test_a_deeper_ranking_is_calibrated_at_its_depth(clustered, monkeypatch, calibrations):
+    """A retriever asking for 100 documents is calibrated on recall at 100 (a count that finds the top 10 may miss
+    the rest), kept apart from the one asking for 10, and one asking for more than MAX_DEPTH at MAX_DEPTH."""
+    index, _ = clustered
+    timings(monkeypatch, approx_s=1., exact_s=2.)
+    depths = []
+    measured = calibration._top_others
+    monkeypatch.setattr(calibration, '_top_others', lambda run, top: depths.append(top) or measured(run, top))
+    calibration.calibrated(approximate(index))
+    calibration.calibrated(approximate(index, num_results=100))
+    assert sorted(set(depths)) == [10, 100]
+    assert {p.name.split('_')[4] for p in calibrations.rglob('*.json')} == {'k10', 'k100'}
+    assert calibration.depth(approximate(index, num_results=5000)) == calibration.MAX_DEPTH

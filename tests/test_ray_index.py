@@ -81,7 +81,7 @@ def test_every_retriever_ranks_and_scores_as_one_process(indexes, kind):
     expected = RETRIEVERS[kind](sharded)(queries)
     assert len(expected) > 0 and expected['score'].nunique() > 20  # a ranking, not a trivial frame
     for actors, index in over_ray.items():
-        pd.testing.assert_frame_equal(RETRIEVERS[kind](index)(queries), expected, check_obj=f'{actors}')
+        pd.testing.assert_frame_equal(RETRIEVERS[kind](index)(queries), expected, check_exact=True, obj=f'{actors}')
 
 
 def test_the_scorer_scores_as_one_process_and_names_an_unknown_docno(indexes):

@@ -4,8 +4,8 @@
 # arguments given (its report lands in $OUT). For example, one call each:
 #   carry ['.whl/core', '.gpu-data']: bash experiments/gpu/run.sh --workloads clustered-20k ragged-20k dim96-20k
 #                                       clustered-100k ragged-100k clustered-1000k minilm-scifact
-#   carry ['.whl']:                   bash experiments/gpu/run.sh --peers --workloads clustered-100k clustered-1000k
-#                                       clustered-10000k
+#   carry ['.whl']:                   bash experiments/gpu/run.sh --peers --approximate --workloads clustered-100k
+#                                       clustered-1000k clustered-10000k
 # The CUDA tests of the approximate search (tests/test_cuda.py) run where faiss-cpu was carried (.whl/faiss).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD"

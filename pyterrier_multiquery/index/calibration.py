@@ -2,11 +2,11 @@
 (:meth:`~.ann_retriever.ApproxMaxSimRetriever.calibrate`): a self-test on sampled documents.
 
 An ANN stage needs more candidates per query vector as a collection grows and as its vectors crowd together, and
-past some count exact search is the cheaper way to the same top 10. How much of the FAISS index each query vector
+past some count exact search is the cheaper way to the same ranking. How much of the FAISS index each query vector
 visits (IVF lists probed, HNSW's ``efSearch``) trades against the candidate count: fewer lists probed cost less but
 need more candidates for the same recall. :func:`calibrate` finds, for each search effort of :data:`SEARCH_EFFORTS`
-(or the one the retriever names), the smallest candidate count whose recall@10 against exact search reaches
-:data:`TARGET_RECALL` on documents of the index used as queries (each document's own vectors, at most
+(or the one the retriever names), the smallest candidate count whose recall against exact search, at the depth the
+retriever asks for (its ``num_results``, up to :data:`MAX_DEPTH`), reaches :data:`TARGET_RECALL` on documents of the index used as queries (each document's own vectors, at most
 :data:`QUERY_VECTORS` of them, itself excluded from both rankings): that part is deterministic, the same on every
 run. Which of these efforts is fastest, and whether it beats exact search, is timed, so it holds for the machine it
 ran on: the answer is kept per machine and kind of device, in :func:`calibration_dir` (outside the index folder, so
@@ -30,7 +30,7 @@ import pyterrier as pt
 from pyterrier_multiquery._files import building
 from pyterrier_multiquery.index.errors import CorruptIndexError
 
-#: Recall@10 against exact search that the chosen candidate count must reach on the sampled documents: 0.99, the
+#: Recall (at the retriever's depth) against exact search that the chosen candidate count must reach on the sampled documents: 0.99, the
 #: promise to the user's queries, plus about two standard errors of the sample's estimate.
 TARGET_RECALL = 0.995
 #: Documents used as queries by the self-test.
@@ -50,7 +50,8 @@ DEFAULT_CANDIDATES = 256
 REPEATS = 3
 #: Bumped when the self-test changes, so that calibrations made by an older one are redone.
 VERSION = 2
-TOP = 10
+#: The deepest ranking a calibration measures recall at (a retriever asking for more is calibrated at this depth).
+MAX_DEPTH = 1000
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class Calibration:
             tried reached the target recall).
         search_effort: The search effort to search with (the fastest reaching the target; where none did, the
             last tried).
-        recall: Recall@10 at that effort and its last count tried, on the sampled documents.
+        recall: Recall at that effort and its last count tried, on the sampled documents.
         approx_s: Median seconds of the approximate search of the sample there.
         exact_s: Median seconds of the exact search of the sample.
         tried: ``{effort: {count: recall}}`` of every effort and count tried.
@@ -99,7 +100,12 @@ def calibration_file(retriever) -> Path:
     effort = 'auto' if retriever.search_effort is None else retriever.search_effort
     device = retriever.device.split(':')[0]
     return calibration_dir() / build_id / (f'{retriever.ann}_{retriever.quantizer}_e{effort}_{retriever.aggregate}_'
-                                           f'{device}_{machine(retriever.device)}.json')
+                                           f'k{depth(retriever)}_{device}_{machine(retriever.device)}.json')
+
+
+def depth(retriever) -> int:
+    """The ranking depth a retriever is calibrated at: its ``num_results``, up to :data:`MAX_DEPTH`."""
+    return min(retriever.num_results, MAX_DEPTH)
 
 
 def stored(retriever) -> Optional[Calibration]:
@@ -198,9 +204,9 @@ def calibrate(retriever) -> Calibration:
     most :data:`QUERY_VECTORS` of them), exactly and, at each search effort (the retriever's, or each of
     :data:`SEARCH_EFFORTS`), over ANN candidates at each of :data:`CANDIDATE_COUNTS` in turn.
 
-    At each effort the first count whose recall@10 reaches :data:`TARGET_RECALL` is its candidate; its counts stop
-    early once a search is no faster than exact search or than the fastest candidate so far (larger counts are
-    slower still). The candidates and exact search are then timed in :data:`REPEATS` interleaved rounds; the
+    At each effort the first count whose recall (at the retriever's depth) reaches :data:`TARGET_RECALL` is its
+    candidate; its counts stop early once a search is no faster than exact search or than the fastest candidate so
+    far (larger counts are slower still). The candidates and exact search are then timed in :data:`REPEATS` interleaved rounds; the
     fastest candidate (by median) is kept if it is faster than exact search. Each document is left out of its own
     rankings.
     """
@@ -221,17 +227,18 @@ def calibrate(retriever) -> Calibration:
         efforts = (DEFAULT_SEARCH_EFFORT,) if retriever.ann == 'flat' else SEARCH_EFFORTS
 
     from pyterrier_multiquery.index.maxsim import MaxSimRetriever
-    common = dict(num_results=TOP + 1, aggregate=retriever.aggregate, device=retriever.device,
+    top = depth(retriever)
+    common = dict(num_results=top + 1, aggregate=retriever.aggregate, device=retriever.device,
                   verbose=retriever.verbose)
 
     def approximate(count: int, effort: int):
-        """The retriever's search of the sample, top :data:`TOP` + 1, at a candidate count and search effort."""
+        """The retriever's search of the sample, its top ``depth`` + 1, at a candidate count and search effort."""
         return type(retriever)(index, ann=retriever.ann, quantizer=retriever.quantizer, candidates=count,
                                search_effort=effort, **common)
     exact = MaxSimRetriever(index, **common)
-    truth = _top_others(exact(queries))
+    truth = _top_others(exact(queries), top)
     exact_times = [_seconds(exact, queries)]
-    if doc_count <= TOP + 1:   # every document is in every top 10
+    if doc_count <= top + 1:   # every document is in every ranking
         return Calibration(None, efforts[0], 1., float('nan'), exact_times[0], {})
     tried, reached, last = {}, {}, None
     bar = pt.tqdm(total=len(efforts) * len(CANDIDATE_COUNTS) + REPEATS - 1, unit='setting',
@@ -241,7 +248,7 @@ def calibrate(retriever) -> Calibration:
         for count in CANDIDATE_COUNTS:
             bar.update()
             approx = approximate(count, effort)
-            found = _top_others(approx(queries))   # the first search also loads (or builds) the FAISS index
+            found = _top_others(approx(queries), top)   # the first search also loads (or builds) the FAISS index
             recall = float(np.mean([len(set(found.get(qid, ())) & set(top)) / len(top) for qid, top in truth.items()]))
             tried[effort][count] = recall
             seconds = _seconds(approx, queries)
@@ -268,10 +275,10 @@ def calibrate(retriever) -> Calibration:
     return Calibration(approx.candidates if approx_s < exact_s else None, effort, recall, approx_s, exact_s, tried)
 
 
-def _top_others(run: pd.DataFrame) -> dict:
-    """Each query's top :data:`TOP` documents other than the document the query was made from, by qid."""
+def _top_others(run: pd.DataFrame, top: int) -> dict:
+    """Each query's ``top`` documents other than the document the query was made from, by qid."""
     run = run[run['docno'] != run['qid']].sort_values(['qid', 'rank'])
-    return {qid: group['docno'].tolist()[:TOP] for qid, group in run.groupby('qid', sort=False)}
+    return {qid: group['docno'].tolist()[:top] for qid, group in run.groupby('qid', sort=False)}
 
 
 def _seconds(retriever, queries: pd.DataFrame) -> float:
