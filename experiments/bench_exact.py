@@ -22,10 +22,10 @@ Systems, all on the same threads, each returning each query's top 10 by MaxSim (
 - index approx: ``index.ann_retriever(num_results=10)``, nothing tuned: IVF with 8-bit codes and the candidate
   count its ``calibrate()`` measures on the index's own documents (:mod:`pyterrier_multiquery.index.calibration`;
   exact search where that is faster). The FAISS build and the calibration are timed once, apart, before the rounds
-  (an earlier run's FAISS file is removed first, and the calibration measured again); recall@10 is against index exact's top 10 on
-  the workload's queries, which the calibration never saw. "ANN build peak RSS MiB": the process's peak resident
-  memory (VmHWM, reset before the FAISS build) while it builds and calibrates; "ANN build baseline RSS MiB": its
-  resident memory before (with what earlier workloads left resident, such as pages of their memory-mapped files).
+  (an earlier run's FAISS file is removed first, and the calibration measured again); recall@10 is against index exact's
+  top 10 on the workload's queries, which the calibration never saw. "ANN build peak RSS MiB": the process's peak
+  resident memory (VmHWM, reset before the FAISS build) while it builds and calibrates; "ANN build baseline RSS MiB":
+  its resident memory before (with what earlier workloads left resident, such as pages of their memory-mapped files).
 Timing: ``--repeats`` interleaved rounds, the order rotated a system each round; in a round each system searches
 once untimed (its top 10 gives recall against the others) and then once timed, medians. A timed search thus always
 follows its own system's: on MiniLM's vectors, whatever ran right after the einsum reference (its products take

@@ -57,7 +57,8 @@ def test_a_tiny_dry_run_writes_the_report(bench, tmp_path, monkeypatch):
     assert grouped['docs'] == 1000 and grouped['stored vectors'] >= 4 * 1000
     profile = Path(f'{out}_profile.txt').read_text()
     assert profile.startswith('## ragged-1k: index exact (cpu)')
-    phases = dict(part.rsplit(' ', 1) for part in profile.splitlines()[2].removeprefix('wall ms by phase: ').split(', '))
+    line = profile.splitlines()[2].removeprefix('wall ms by phase: ')
+    phases = dict(part.rsplit(' ', 1) for part in line.split(', '))
     assert set(phases) == {'search', 'screen', 'bookkeeping', 'rescore', 'frame'}
     assert 0 < float(phases['screen']) < float(phases['search'])  # the phases were timed inside the search
     for owner, attribute in [(bench.grouped, 'screen'), (bench.maxsim, 'result_frame')]:

@@ -5,6 +5,7 @@ No silent wrong result is allowed: a changed byte of any file is refused when th
 any point leaves the old index or none; concurrent builders never both succeed and a reader never mixes two builds.
 Every generated case is counted by the ``fault_cases`` fixture; the run prints the total and the suite's time.
 """
+import functools
 import multiprocessing
 import os
 import signal
@@ -455,10 +456,11 @@ def test_generated_updates_rank_as_a_fresh_build_or_are_refused(tmp_path_factory
         build_id = index.payload()[0]['build_id']
         if action == 'add':
             refused = len(set(numbers)) < len(numbers) or bool(set(numbers) & set(held))
-            update, error = (lambda: index.add_documents(numbered(numbers))), ValueError
+            update, error = functools.partial(index.add_documents, numbered(numbers)), ValueError
         else:
             refused = not set(numbers) <= set(held) or set(numbers) >= set(held)
-            update, error = (lambda: index.remove_documents([f'u{n}' for n in numbers])), (KeyError, ValueError)
+            update = functools.partial(index.remove_documents, [f'u{n}' for n in numbers])
+            error = (KeyError, ValueError)
         if refused:
             with pytest.raises(error):
                 update()

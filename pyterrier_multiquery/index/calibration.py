@@ -1,17 +1,18 @@
 """The approximate search's candidate count and search effort, measured on the index itself by an explicit step
 (:meth:`~.ann_retriever.ApproxMaxSimRetriever.calibrate`): a self-test on sampled documents.
 
-An ANN stage needs more candidates per query vector as a collection grows and as its vectors crowd together, and
-past some count exact search is the cheaper way to the same ranking. How much of the FAISS index each query vector
-visits (IVF lists probed, HNSW's ``efSearch``) trades against the candidate count: fewer lists probed cost less but
-need more candidates for the same recall. :func:`calibrate` finds, for each search effort of :data:`SEARCH_EFFORTS`
-(or the one the retriever names), the smallest candidate count whose recall against exact search, at the depth the
-retriever asks for (its ``num_results``, up to :data:`MAX_DEPTH`), reaches :data:`TARGET_RECALL` on documents of the index used as queries (each document's own vectors, at most
-:data:`QUERY_VECTORS` of them, itself excluded from both rankings): that part is deterministic, the same on every
-run. Which of these efforts is fastest, and whether it beats exact search, is timed, so it holds for the machine it
-ran on: the answer is kept per machine and kind of device, in :func:`calibration_dir` (outside the index folder, so
-that a copied, shared or uploaded index carries none), and used by later searches there. A search with no
-calibration for its machine uses :data:`DEFAULT_CANDIDATES` and :data:`DEFAULT_SEARCH_EFFORT` and says so once.
+An ANN stage needs more candidates per query vector as a collection grows and as its vectors crowd together, and past
+some count exact search is the cheaper way to the same ranking. How much of the FAISS index each query vector visits
+(IVF lists probed, HNSW's ``efSearch``) trades against the candidate count: fewer lists probed cost less but need more
+candidates for the same recall. :func:`calibrate` finds, for each search effort of :data:`SEARCH_EFFORTS` (or the one
+the retriever names), the smallest candidate count whose recall against exact search, at the depth the retriever asks
+for (its ``num_results``, up to :data:`MAX_DEPTH`), reaches :data:`TARGET_RECALL` on documents of the index used as
+queries (each document's own vectors, at most :data:`QUERY_VECTORS` of them, itself excluded from both rankings): that
+part is deterministic, the same on every run. Which of these efforts is fastest, and whether it beats exact search, is
+timed, so it holds for the machine it ran on: the answer is kept per machine and kind of device, in
+:func:`calibration_dir` (outside the index folder, so that a copied, shared or uploaded index carries none), and used by
+later searches there. A search with no calibration for its machine uses :data:`DEFAULT_CANDIDATES` and
+:data:`DEFAULT_SEARCH_EFFORT` and says so once.
 """
 import hashlib
 import json
@@ -30,8 +31,8 @@ import pyterrier as pt
 from pyterrier_multiquery._files import building
 from pyterrier_multiquery.index.errors import CorruptIndexError
 
-#: Recall (at the retriever's depth) against exact search that the chosen candidate count must reach on the sampled documents: 0.99, the
-#: promise to the user's queries, plus about two standard errors of the sample's estimate.
+#: Recall (at the retriever's depth) against exact search that the chosen candidate count must reach on the sampled
+#: documents: 0.99, the promise to the user's queries, plus about two standard errors of the sample's estimate.
 TARGET_RECALL = 0.995
 #: Documents used as queries by the self-test.
 SAMPLE_DOCUMENTS = 128
@@ -205,10 +206,10 @@ def calibrate(retriever) -> Calibration:
     :data:`SEARCH_EFFORTS`), over ANN candidates at each of :data:`CANDIDATE_COUNTS` in turn.
 
     At each effort the first count whose recall (at the retriever's depth) reaches :data:`TARGET_RECALL` is its
-    candidate; its counts stop early once a search is no faster than exact search or than the fastest candidate so
-    far (larger counts are slower still). The candidates and exact search are then timed in :data:`REPEATS` interleaved rounds; the
-    fastest candidate (by median) is kept if it is faster than exact search. Each document is left out of its own
-    rankings.
+    candidate; its counts stop early once a search is no faster than exact search or than the fastest candidate so far
+    (larger counts are slower still). The candidates and exact search are then timed in :data:`REPEATS` interleaved
+    rounds; the fastest candidate (by median) is kept if it is faster than exact search. Each document is left out of
+    its own rankings.
     """
     from pyterrier_multiquery.index.checks import ScoreCheck
     index = retriever.index
