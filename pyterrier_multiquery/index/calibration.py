@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
+from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building
 from pyterrier_multiquery.index.errors import CorruptIndexError
 
@@ -88,7 +89,8 @@ def machine(device: str) -> str:
     """What a calibration's timings hold for: the host, its processor and, on a GPU, the card."""
     parts = [platform.node(), platform.machine(), platform.processor(), str(os.cpu_count())]
     if device.startswith('cuda'):
-        import torch
+        with requires('dense'):
+            import torch
         parts.append(torch.cuda.get_device_name(torch.device(device)))
     return hashlib.sha256('|'.join(parts).encode()).hexdigest()[:16]
 
