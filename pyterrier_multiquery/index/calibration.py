@@ -14,6 +14,7 @@ timed, so it holds for the machine it ran on: the answer is kept per machine and
 later searches there. A search with no calibration for its machine uses :data:`DEFAULT_CANDIDATES` and
 :data:`DEFAULT_SEARCH_EFFORT` and says so once.
 """
+import functools
 import hashlib
 import json
 import os
@@ -85,8 +86,10 @@ def calibration_dir() -> Path:
                                Path.home() / '.cache' / 'pyterrier_multiquery' / 'calibrations'))
 
 
+@functools.lru_cache(maxsize=None)
 def machine(device: str) -> str:
-    """What a calibration's timings hold for: the host, its processor and, on a GPU, the card."""
+    """What a calibration's timings hold for: the host, its processor and, on a GPU, the card (read once per
+    process and device: every search asks)."""
     parts = [platform.node(), platform.machine(), platform.processor(), str(os.cpu_count())]
     if device.startswith('cuda'):
         with requires('dense'):
@@ -117,7 +120,11 @@ def stored(retriever) -> Optional[Calibration]:
     Raises:
         CorruptIndexError: If the calibration file changed since it was written (named).
     """
-    path = calibration_file(retriever)
+    return _read(calibration_file(retriever))
+
+
+def _read(path: Path) -> Optional[Calibration]:
+    """The calibration kept at ``path`` by this version of the self-test, if any (:func:`stored`)."""
     if not path.exists():
         return None
     found = read_calibration_file(path)
@@ -131,12 +138,12 @@ def stored_setting(retriever) -> tuple:
     """The candidate count (None: exact search) and search effort of this machine's calibration for the retriever,
     else :data:`DEFAULT_CANDIDATES` and its search effort or :data:`DEFAULT_SEARCH_EFFORT`, with a warning (once per
     index and setting) that names ``calibrate()``."""
-    found = stored(retriever)
+    path = calibration_file(retriever)
+    found = _read(path)
     if found is not None:
         return found.candidates, found.search_effort
-    key = calibration_file(retriever)
-    if key not in _WARNED:
-        _WARNED.add(key)
+    if path not in _WARNED:
+        _WARNED.add(path)
         warnings.warn(f'{retriever!r} is not calibrated on this machine: searching with {DEFAULT_CANDIDATES} '
                       'candidates a query vector; call its calibrate() once to measure the candidates and search '
                       'effort this index needs here (or give candidates=)', stacklevel=3)

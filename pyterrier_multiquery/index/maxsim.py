@@ -15,6 +15,8 @@ with requires('dense'):
     import torch
 
 AGGREGATES = ('mean', 'sum')
+#: Stored vectors read from disk together by the exact search, by default.
+BLOCK_VECTORS = 65536
 
 
 def maxsim_scores(query, doc_vectors, doc_lengths, aggregate: str):
@@ -51,8 +53,11 @@ class MaxSimSearch(DerivedIdentity, NumResultsCutoff, pt.Transformer):
     """What the MaxSim searches share: the frame in and out, the device and threads, and exact search (which the
     approximate search falls back to). A search kind is a subclass with its own arguments (:class:`MaxSimRetriever`,
     :class:`~.ann_retriever.ApproxMaxSimRetriever`) that implements :meth:`search`."""
-    #: Stored vectors read from disk together by the exact search.
-    block_vectors = 65536
+    #: Stored vectors read from disk together by the exact search (the approximate search's fallback uses the
+    #: default).
+    block_vectors = BLOCK_VECTORS
+    #: Whether the search runs FAISS (whose threads follow ``threads`` too).
+    uses_faiss = False
 
     def __init__(self, index, *, num_results: int, aggregate: str, device: Optional[str], batch_size: int,
                  tile_bytes: Optional[int], threads: Optional[int], drop_query_embs: bool, verbose: bool):
@@ -84,9 +89,6 @@ class MaxSimSearch(DerivedIdentity, NumResultsCutoff, pt.Transformer):
                 results = self.search(queries, shards, inp['qid'].tolist())
         return result_frame(inp[columns], results, shards.docnos)
 
-    #: Whether the search runs FAISS (whose threads follow ``threads`` too).
-    uses_faiss = False
-
     def search(self, queries, shards, qids: list) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Each batch's ``(scores, docids, counts)`` over all shards."""
         raise NotImplementedError
@@ -114,7 +116,7 @@ class MaxSimRetriever(MaxSimSearch):
     schematic = {'label': 'MaxSim'}
 
     def __init__(self, index, *, num_results: int = 1000, aggregate: str = 'mean', device: Optional[str] = None,
-                 batch_size: int = 64, block_vectors: int = 65536, tile_bytes: Optional[int] = None,
+                 batch_size: int = 64, block_vectors: int = BLOCK_VECTORS, tile_bytes: Optional[int] = None,
                  threads: Optional[int] = None, drop_query_embs: bool = False, verbose: bool = False):
         """
         Args:
