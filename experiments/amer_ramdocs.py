@@ -51,8 +51,8 @@ def cross_validate_on(name: str, args) -> dict:
     def fold_systems(fold, train_topics, train_qrels):
         Lambda = systems.tune_mmr_lambda(first_stage, train_topics, train_qrels, depth=DEPTH)['lambda']
         chosen = {'dataset': name, 'fold': fold, 'MMR λ': Lambda}
-        built = {'MiniLM': first_stage.retriever(DEPTH), 'MiniLM >> MMR (λ tuned)': systems.mmr(first_stage, Lambda,
-                                                                                                  depth=DEPTH)}
+        built = {'MiniLM': first_stage.retriever(DEPTH),
+                 'MiniLM >> MMR (λ tuned)': systems.mmr_system(first_stage, Lambda, depth=DEPTH)}
         fine_tuned = systems.train_single_vector(first_stage, train_topics, train_qrels, seed=args.seed,
                                                  threads=args.threads)
         built[FINE_TUNED] = systems.single_vector(first_stage, fine_tuned, num_results=DEPTH)
@@ -66,7 +66,7 @@ def cross_validate_on(name: str, args) -> dict:
             chosen[system] = {'epoch': history['best_epoch'], 'merge': training['merge'],
                               'departure': history['departure'], 'curve': history['curve'],
                               'seconds': time.perf_counter() - start}
-            built[system] = systems.amer(first_stage, path, num_results=DEPTH)
+            built[system] = systems.amer_system(first_stage, path, num_results=DEPTH)
         choices.append(chosen)
         return built
 

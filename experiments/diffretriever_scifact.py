@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 from ir_measures import R, nDCG
 
-from pyterrier_multiquery.diffretriever import DiffRetriever, PromptReps
+from pyterrier_multiquery.diffretriever import DiffRetriever, PromptReps, retrieval_pipelines
 from pyterrier_multiquery.diffretriever.training import DiffRetrieverTrainer
 from pyterrier_multiquery.training.contrastive import hard_negative_triples
 from pyterrier_multiquery import baselines
@@ -43,7 +43,7 @@ from pyterrier_multiquery.measures import MRecall
 
 RESULTS = Path(__file__).parent / 'results'
 MEASURES = [nDCG @ 10, MRecall @ 10, R @ 100]
-#: The retrievers over each DiffRetriever: label -> mode of systems.multivector_retrievers.
+#: The retrievers over each DiffRetriever: label -> mode of retrieval_pipelines.
 MODES = {'masks': {'MaxSim': 'dense', 'sparse': 'sparse', 'hybrid': 'hybrid'},
          'tokens': {'MaxSim': 'dense', 'hybrid': 'hybrid'}}
 
@@ -53,8 +53,8 @@ def runs_of(stage: str, encoders: dict, docs: pd.DataFrame, topics: pd.DataFrame
     runs, seconds = {}, {}
     for name, encoder in encoders.items():
         started = time.time()
-        retrievers = systems.multivector_retrievers(encoder, lambda: docs, Path(folder) / f'{stage}-{name}',
-                                                    modes=list(MODES[encoder.vectors].values()))
+        retrievers = retrieval_pipelines(encoder, lambda: docs, Path(folder) / f'{stage}-{name}',
+                                         modes=list(MODES[encoder.vectors].values()))
         seconds[f'{stage} {name}'] = time.time() - started
         runs.update({f'{stage} {name} {label}': retrievers[mode](topics)
                      for label, mode in MODES[encoder.vectors].items()})

@@ -68,7 +68,7 @@ def cross_validate_on(name: str, args) -> dict:
                           for point in training['history']['curve'])
         stage = first_stage.retriever(args.candidates)
         return {'MiniLM': stage % args.k, **{
-            system: systems.jpr(stage, dataset, paths[model], num_candidates=args.candidates, k=args.k,
+            system: systems.jpr_system(stage, dataset, paths[model], num_candidates=args.candidates, k=args.k,
                                 decode=decode, beta=args.beta, seed=args.seed, state_cache=states, verbose=False)
             for system, (model, decode) in RERANKERS.items()}}
 

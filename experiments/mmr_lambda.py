@@ -23,7 +23,7 @@ def main():
     spec = str(args.data_root / args.dataset)
     dataset = load_dataset(spec)
     first_stage = systems.DenseFirstStage(dataset, systems.cache_dir_for(spec, args.cache_dir))
-    table = run_experiment({f'{lam}': systems.mmr(first_stage, lam, depth=args.depth) for lam in LAMBDAS},
+    table = run_experiment({f'{lam}': systems.mmr_system(first_stage, lam, depth=args.depth) for lam in LAMBDAS},
                            dataset.get_topics(), dataset.get_qrels(), precompute_prefix=True)
     table = table.rename(columns={'name': 'Lambda'})
     long = table.melt(id_vars='Lambda', var_name='measure').astype({'Lambda': float})

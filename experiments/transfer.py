@@ -105,10 +105,12 @@ def trained_systems(collection: Collection, train: Collection, topics, qrels, ar
     states = stage.cache_dir / 'jpr_candidate_states'
     built = {'MiniLM': stage.retriever(), 'MiniLM-FT': systems.single_vector(stage, fine_tuned)}
     chosen = {}
-    for name, model, system in (('AMER', amer, lambda m: systems.amer(stage, m)),
-                                ('MiniLM >> JPR', jpr, lambda m: systems.jpr(stage.retriever(), collection.dataset, m,
-                                                                             seed=args.seed, state_cache=states,
-                                                                             verbose=False))):
+    def reranked(model):
+        return systems.jpr_system(stage.retriever(), collection.dataset, model, seed=args.seed, state_cache=states,
+                                  verbose=False)
+
+    for name, model, system in (('AMER', amer, lambda m: systems.amer_system(stage, m)),
+                                ('MiniLM >> JPR', jpr, reranked)):
         chosen[name] = model.departure
         built[name] = system(model)
         as_trained = copy.deepcopy(model)

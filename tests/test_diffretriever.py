@@ -7,13 +7,14 @@ import pytest
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
 
+from pyterrier_multiquery._files import StaleBuildError  # noqa: E402
 from pyterrier_multiquery.diffretriever import (DiffEmbed, DiffRetriever, HybridRetriever, PromptReps,  # noqa: E402
-                                                budget_grid, oracle_budgets,
-                                                oracle_correlations, select_budget)
+                                                budget_grid, oracle_budgets, oracle_correlations,
+                                                retrieval_pipelines, select_budget)
 from pyterrier_multiquery.diffretriever.encoder import MaskedBackbone  # noqa: E402
 from pyterrier_multiquery.diffretriever.prompts import prompt_ids  # noqa: E402
 from pyterrier_multiquery.diffretriever.sparse import content_token_ids, sparse_weights  # noqa: E402
-from pyterrier_multiquery.experiment.systems import diffretriever  # noqa: E402
+from pyterrier_multiquery.experiment.systems import diffretriever_system  # noqa: E402
 from pyterrier_multiquery.diffretriever.training import DiffRetrieverTrainer, contrastive_loss, dense_scores  # noqa: E402
 
 WORDS = ['query', 'passage', 'use', 'one', 'word', 'words', 'to', 'represent', 'the', 'in', 'a', 'few', 'retrieval',
@@ -330,7 +331,8 @@ class _Corpus:
 def test_diffretriever_modes(encoder, tmp_path):
     encoder.save_pretrained(tmp_path / 'model')
     topics = pd.DataFrame({'qid': ['1'], 'query': ['heart disease']})
-    runs = {mode: diffretriever(_Corpus(), tmp_path / 'cache', tmp_path / 'model', mode=mode, device='cpu')(topics)
+    runs = {mode: diffretriever_system(_Corpus(), tmp_path / 'cache', tmp_path / 'model', mode=mode,
+                                       device='cpu')(topics)
             for mode in ('dense', 'mean', 'sparse', 'hybrid')}
     assert len(list((tmp_path / 'cache').glob('diffretriever-*.mvi'))) == 1  # one index, keyed by the model's weights
     queries = encoder.query_encoder()(topics)
@@ -344,7 +346,7 @@ def test_diffretriever_modes(encoder, tmp_path):
     assert set(runs['hybrid']['docno']) == set(runs['dense']['docno']) | set(runs['sparse']['docno'])
     assert runs['hybrid']['score'].max() <= 1. + 1e-9
     with pytest.raises(ValueError, match="mode must be"):
-        diffretriever(_Corpus(), tmp_path / 'cache', tmp_path / 'model', mode='colbert')
+        diffretriever_system(_Corpus(), tmp_path / 'cache', tmp_path / 'model', mode='colbert')
 
 
 def test_token_vectors_are_the_text_tokens_states_of_the_same_pass(encoder, tokenizer):
@@ -375,3 +377,53 @@ def test_token_vectors_are_saved_with_the_model(encoder, tmp_path):
     tokens.save_pretrained(tmp_path / 'model')
     assert DiffRetriever.from_pretrained(tmp_path / 'model', device='cpu').vectors == 'tokens'
     assert DiffRetriever.from_pretrained(tmp_path / 'model', vectors='masks', device='cpu').vectors == 'masks'
+
+
+def scores_by_docno(run):
+    return run.set_index('docno')['score'].to_dict()
+
+
+def unit_vector(v):
+    v = np.asarray(v, dtype=np.float64)
+    return v / np.linalg.norm(v)
+
+
+def test_retrieval_pipelines(tmp_path):
+    words = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', 'cats', 'dogs', 'heart', 'disease', 'protein', 'and', 'the']
+    (tmp_path / 'vocab.txt').write_text('\n'.join(words) + '\n')
+    tokenizer = transformers.BertTokenizerFast(str(tmp_path / 'vocab.txt'))
+    torch.manual_seed(0)
+    model = transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=len(words), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=128))
+    encoder = DiffRetriever(MaskedBackbone(model, tokenizer, 'lm'), k_query=2, k_doc=3, device='cpu')
+    documents = pd.DataFrame({'docno': ['a', 'b'], 'text': ['cats and dogs', 'heart disease protein']})
+    topics = pd.DataFrame({'qid': ['1'], 'query': ['heart disease']})
+    modes = ['dense', 'mean', 'sparse', 'hybrid', 'mean hybrid']
+    built = retrieval_pipelines(encoder, lambda: documents, tmp_path / 'x', modes=modes)
+    assert list(built) == modes and (tmp_path / 'x.mvi').exists() and (tmp_path / 'x.pisa').exists()
+    runs = {mode: scores_by_docno(system(topics)) for mode, system in built.items()}
+    q = encoder.query_encoder()(topics)['query_embs'][0]
+    d = dict(zip(documents['docno'], encoder.doc_encoder()(documents)['doc_embs']))
+    assert runs['dense'] == pytest.approx({k: float((q @ e.T).max(1).mean()) for k, e in d.items()}, abs=1e-5)
+    means = {k: float(unit_vector(q.mean(0)) @ unit_vector(e.mean(0))) for k, e in d.items()}
+    assert runs['mean'] == pytest.approx(means, abs=1e-5)
+    assert set(runs['mean hybrid']) == set(runs['mean']) | set(runs['sparse'])
+    encode = encoder.doc_encoder
+    encoder.doc_encoder = lambda: pytest.fail('the indexes are built already')
+    again = retrieval_pipelines(encoder, lambda: documents, tmp_path / 'x', modes=['hybrid'])
+    assert scores_by_docno(again['hybrid'](topics)) == pytest.approx(runs['hybrid'])
+    encoder.doc_encoder = encode
+    assert encoder.with_k(k_query=1).doc_repr() == encoder.doc_repr() != encoder.with_k(k_doc=1).doc_repr()
+    other_queries = retrieval_pipelines(encoder.with_k(k_query=1), lambda: documents, tmp_path / 'x')
+    assert len(other_queries['dense'](topics)) == 2  # K_query encodes no document: the index is shared
+    with pytest.raises(StaleBuildError, match='other settings'):
+        retrieval_pipelines(encoder.with_k(k_doc=1), lambda: documents, tmp_path / 'x')
+    with pytest.raises(StaleBuildError, match='other records'):  # another corpus: never the old encodings
+        retrieval_pipelines(encoder, lambda: documents.head(1), tmp_path / 'x', modes=['hybrid'])
+    with torch.no_grad():
+        model.bert.embeddings.word_embeddings.weight[5] += 1.  # trained further, in place
+    with pytest.raises(StaleBuildError, match='other settings'):
+        retrieval_pipelines(encoder, lambda: documents, tmp_path / 'x', modes=['dense'])
+    with pytest.raises(ValueError, match='mode must be one of'):
+        retrieval_pipelines(encoder, lambda: documents, tmp_path / 'y', modes=['colbert'])

@@ -144,3 +144,42 @@ def test_experiments_import_the_installed_package():
     scripts = sorted((PACKAGE.parent / 'experiments').rglob('*.py'))
     assert scripts
     assert [str(s.relative_to(PACKAGE.parent)) for s in scripts if 'sys.path.insert' in s.read_text()] == []
+
+
+def public_names(files) -> dict:
+    """Each public name defined in ``files`` (module names, top-level functions and classes), lower-cased, with the
+    module that defines it."""
+    names = {}
+    for file in files:
+        module = module_name(file)
+        names.setdefault(module.rsplit('.', 1)[-1].lower(), module)
+        for node in ast.parse(file.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith('_'):
+                names.setdefault(node.name.lower(), module)
+    return names
+
+
+def shadowed_names(harness: dict, library: dict) -> list:
+    """The harness's names that a library module also defines (case aside: ``mmr`` shadows ``MMR``)."""
+    return sorted(f'{harness[name]}.{name} <-> {library[name]}' for name in set(harness) & set(library))
+
+
+def library_and_harness_names():
+    files = sorted(PACKAGE.rglob('*.py'))
+    return (public_names([f for f in files if not is_harness(module_name(f))]),
+            public_names([f for f in files if is_harness(module_name(f))]))
+
+
+def test_no_harness_name_shadows_a_library_name():
+    library, harness = library_and_harness_names()
+    assert {'bm25', 'amer', 'jpr', 'retrieval_pipelines'} <= set(library)
+    assert {'bm25_system', 'amer_system', 'jpr_system', 'diffretriever_system'} <= set(harness)
+    assert shadowed_names(harness, library) == []
+
+
+def test_the_shadowing_check_finds_a_harness_name_like_a_library_one():
+    library, harness = library_and_harness_names()
+    harness.update({'bm25': 'pyterrier_multiquery.experiment.systems', 'mmr': 'pyterrier_multiquery.experiment.x'})
+    assert shadowed_names(harness, library) == [
+        'pyterrier_multiquery.experiment.systems.bm25 <-> pyterrier_multiquery.baselines',
+        'pyterrier_multiquery.experiment.x.mmr <-> pyterrier_multiquery.baselines']

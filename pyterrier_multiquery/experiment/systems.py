@@ -6,15 +6,13 @@ job, experiments, notebooks and tests call them rather than assembling pipelines
 functions train a method on a training split once and keep the model in the cache folder, under a name that
 changes with the training data and settings.
 """
-import functools
 import hashlib
 import json
 import os
 import re
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
-import more_itertools
 import numpy as np
 import pandas as pd
 import pyterrier as pt
@@ -33,7 +31,6 @@ from pyterrier_multiquery.experiment.cache import (
 from pyterrier_multiquery.experiment.determinism import DEFAULT_THREADS, make_deterministic
 
 MMR_LAMBDAS = (0.5, 0.7, 0.8, 0.9, 0.95)
-MULTIVECTOR_MODES = ('dense', 'mean', 'sparse', 'hybrid', 'mean hybrid')
 QAENCODER_METHODS = ('emb', 'txt', 'hyb')
 #: The new-token budget of the synthetic queries (enough for five questions of SciFact's length; it is part of the
 #: query cache's keys, so every generation shares it).
@@ -120,8 +117,8 @@ class DenseFirstStage:
         return self._multivector_index
 
 
-def bm25(dataset, cache: Union[os.PathLike, Cache], *, num_results: int = 1000,
-         verbose: bool = True) -> pt.Transformer:
+def bm25_system(dataset, cache: Union[os.PathLike, Cache], *, num_results: int = 1000,
+                verbose: bool = True) -> pt.Transformer:
     """BM25 over a PISA index of ``dataset``'s corpus (:func:`~pyterrier_multiquery.baselines.bm25`), a cache entry
     built once (PISA's log only if verbose)."""
     from pyterrier_multiquery._quiet import native_output_hidden
@@ -133,14 +130,14 @@ def bm25(dataset, cache: Union[os.PathLike, Cache], *, num_results: int = 1000,
         return baselines.bm25(path, corpus, num_results=num_results)
 
 
-def mmr(first_stage: DenseFirstStage, Lambda: float, *, depth: int = 500) -> pt.Transformer:
+def mmr_system(first_stage: DenseFirstStage, Lambda: float, *, depth: int = 500) -> pt.Transformer:
     """MiniLM's top ``depth`` re-ranked by MMR with relevance weight ``Lambda``."""
     return (first_stage.retriever(depth) >> first_stage.index.vec_loader()
             >> MMR(Lambda, depth=depth, verbose=first_stage.verbose))
 
 
-def amer(first_stage: DenseFirstStage, model, *, num_results: int = 1000, merge: Optional[str] = None,
-         batch_size: int = 64) -> pt.Transformer:
+def amer_system(first_stage: DenseFirstStage, model, *, num_results: int = 1000, merge: Optional[str] = None,
+                batch_size: int = 64) -> pt.Transformer:
     """A trained AMER's query vectors, each searching the first stage's index, their lists merged.
 
     Args:
@@ -158,9 +155,9 @@ def amer(first_stage: DenseFirstStage, model, *, num_results: int = 1000, merge:
             >> first_stage.multivector_index().multiquery_retriever(merge, num_results=num_results))
 
 
-def jpr(stage: pt.Transformer, dataset, model, *, num_candidates: int = 20, k: int = 10, decode: str = 'tree',
-        beta: float = 1.0, seed: int = 0, state_cache: Optional[os.PathLike] = None,
-        verbose: bool = True) -> pt.Transformer:
+def jpr_system(stage: pt.Transformer, dataset, model, *, num_candidates: int = 20, k: int = 10, decode: str = 'tree',
+               beta: float = 1.0, seed: int = 0, state_cache: Optional[os.PathLike] = None,
+               verbose: bool = True) -> pt.Transformer:
     """``stage``'s top ``num_candidates`` reranked by a trained JPR model: its ``k`` choices, then the rest of
     ``stage``.
 
@@ -373,15 +370,16 @@ def baseline_systems(first_stage: DenseFirstStage, *, num_results: int = 1000, m
         Systems by name, in table order.
     """
     return {
-        'BM25': bm25(first_stage.dataset, first_stage.cache, num_results=num_results, verbose=first_stage.verbose),
+        'BM25': bm25_system(first_stage.dataset, first_stage.cache, num_results=num_results,
+                            verbose=first_stage.verbose),
         'MiniLM': first_stage.retriever(num_results),
-        f'MiniLM >> MMR(λ={mmr_lambda})': mmr(first_stage, mmr_lambda, depth=mmr_depth),
+        f'MiniLM >> MMR(λ={mmr_lambda})': mmr_system(first_stage, mmr_lambda, depth=mmr_depth),
     }
 
 
-def diffretriever(dataset, cache_dir: os.PathLike, model_path, *, mode: str = 'hybrid',
-                  k_query: Optional[int] = None, k_doc: Optional[int] = None, num_results: int = 1000,
-                  **encoder_args) -> pt.Transformer:
+def diffretriever_system(dataset, cache_dir: os.PathLike, model_path, *, mode: str = 'hybrid',
+                         k_query: Optional[int] = None, k_doc: Optional[int] = None, num_results: int = 1000,
+                         **encoder_args) -> pt.Transformer:
     """DiffRetriever's query encoder >> retriever over ``dataset``'s corpus, encoded once into ``cache_dir`` (per
     model path and K_doc) as a MultiVectorIndex of ``doc_embs`` and a PISA index of ``toks``.
 
@@ -395,69 +393,13 @@ def diffretriever(dataset, cache_dir: os.PathLike, model_path, *, mode: str = 'h
         num_results: Results per query.
         encoder_args: Passed to :meth:`DiffRetriever.from_pretrained` (``device``, ``batch_size``, ...).
     """
-    from pyterrier_multiquery.diffretriever import DiffRetriever
+    from pyterrier_multiquery.diffretriever import DiffRetriever, retrieval_pipelines
     if mode not in ('dense', 'mean', 'sparse', 'hybrid'):
         raise ValueError(f"mode must be 'dense', 'mean', 'sparse' or 'hybrid', got {mode!r}")
     encoder = DiffRetriever.from_pretrained(str(model_path), k_query=k_query, k_doc=k_doc, **encoder_args)
     name = f'diffretriever-{encoder_digest(encoder)[:16]}'
-    return multivector_retrievers(encoder, lambda: corpus_frame(dataset), Path(cache_dir) / name,
-                                  modes=(mode,), num_results=num_results)[mode]
-
-
-def multivector_retrievers(encoder, corpus: Callable[[], pd.DataFrame], path: os.PathLike, *,
-                           modes: Sequence[str] = ('dense',), num_results: int = 1000) -> Dict[str, pt.Transformer]:
-    """``encoder``'s query encoder >> a retriever over the documents it encodes, for each of ``modes``.
-
-    The documents are encoded once, when an index a mode needs is not there yet: ``doc_embs`` into a
-    MultiVectorIndex at ``<path>.mvi`` and, for the sparse modes, ``toks`` into a PISA index at ``<path>.pisa``.
-
-    Args:
-        encoder: A multi-vector encoder (``query_encoder()`` and ``doc_encoder()``: DiffRetriever, DiffEmbed, ...).
-        corpus: Returns the documents (``docno``, ``text``) as a frame; called only when an index is built.
-        path: Where the indexes are kept, without extension.
-        modes: Any of ``'dense'`` (MaxSim), ``'mean'`` (the mean of each side's vectors, cosine), ``'sparse'``,
-            ``'hybrid'`` (MaxSim and sparse, 0.5/0.5 of min-max-normalised scores) and ``'mean hybrid'`` (mean and
-            sparse).
-        num_results: Results per query.
-
-    Returns:
-        The pipeline of each of ``modes``, by mode.
-    """
-    from pyterrier_multiquery.diffretriever import HybridRetriever, sparse_index
-    from pyterrier_multiquery.index import MultiVectorIndex
-    unknown = [mode for mode in modes if mode not in MULTIVECTOR_MODES]
-    if unknown:
-        raise ValueError(f'mode must be one of {MULTIVECTOR_MODES}, got {unknown}')
-    path = Path(path)
-    sparse = any(mode in ('sparse', 'hybrid', 'mean hybrid') for mode in modes)
-    documents = functools.lru_cache(maxsize=None)(lambda: pd.DataFrame(corpus()))
-    encoded = functools.lru_cache(maxsize=None)(lambda: encoder.doc_encoder()(documents()))  # once for both
-    settings = {'encoder': encoder_digest(encoder, name=encoder.doc_repr())}  # query-only settings do not count
-
-    def records(column: str) -> List[Dict]:
-        return encoded()[['docno', column]].to_dict(orient='records')
-
-    def built(suffix: str, write: Callable[[str], None]) -> Path:
-        def build(tmp: str, docs: Iterable[Dict]) -> None:
-            more_itertools.consume(docs)  # hashed: the documents whose encodings are written
-            write(tmp)
-        return build_once(path.with_name(path.name + suffix), build, lambda: documents().to_dict(orient='records'),
-                          settings=settings)
-
-    dense_path = built('.mvi', lambda tmp: MultiVectorIndex(tmp, verbose=False).index(records('doc_embs')))
-    dense_index = MultiVectorIndex(dense_path, verbose=False)
-    first = {'dense': dense_index.maxsim_retriever(num_results=num_results)}
-    if any(mode in ('mean', 'mean hybrid') for mode in modes):
-        first['mean'] = dense_index.mean_retriever(num_results=num_results, normalise=True)
-    if sparse:
-        pisa_path = built('.pisa', lambda tmp: sparse_index(tmp, records('toks')))
-        with requires('pisa'):
-            from pyterrier_pisa import PisaIndex
-        first['sparse'] = PisaIndex(str(pisa_path), stemmer='none').quantized(num_results=num_results)
-        first['hybrid'] = HybridRetriever(first['dense'], first['sparse'], num_results=num_results)
-        if 'mean' in first:
-            first['mean hybrid'] = HybridRetriever(first['mean'], first['sparse'], num_results=num_results)
-    return {mode: encoder.query_encoder() >> first[mode] for mode in modes}
+    return retrieval_pipelines(encoder, lambda: corpus_frame(dataset), Path(cache_dir) / name, modes=(mode,),
+                               num_results=num_results)[mode]
 
 
 def corpus_frame(dataset) -> pd.DataFrame:
@@ -487,8 +429,8 @@ def dense(encoder, corpus: Callable[[], pd.DataFrame], path: os.PathLike, *,
     return encoder.query_encoder() >> index.np_retriever(num_results=num_results)
 
 
-def qaencoder(encoder, documents: pd.DataFrame, path: os.PathLike, method: str = 'emb', *,
-              num_results: int = 1000, **settings) -> pt.Transformer:
+def qaencoder_system(encoder, documents: pd.DataFrame, path: os.PathLike, method: str = 'emb', *,
+                     num_results: int = 1000, **settings) -> pt.Transformer:
     """``encoder``'s queries searching ``documents`` (``docno``, ``text``, ``querygen``) as
     :class:`~pyterrier_multiquery.qaencoder.QAEncoder` with ``encoder`` represents them, indexed at ``path`` once.
 
@@ -532,12 +474,12 @@ def qaencoder_systems(encoder, documents: pd.DataFrame, folder: os.PathLike, cho
     folder = Path(folder)
     encoded = lambda: documents.assign(doc_vec=list(encoder.encode_docs(list(documents['text']))))  # noqa: E731
     built = {name: dense(encoder, encoded, folder / 'documents.flex', num_results=num_results),
-             'QAE_base': qaencoder(encoder, documents, folder / 'base.flex', 'base', num_results=num_results)}
+             'QAE_base': qaencoder_system(encoder, documents, folder / 'base.flex', 'base', num_results=num_results)}
     for method, params in chosen.items():
         label = f'QAE_{method} (' + ', '.join(f'{k}={v:g}' for k, v in params.items()) + ')'
-        built[label] = qaencoder(encoder, documents, folder / f'{method}.flex', method, num_results=num_results,
-                                 seed=seed, **params)
-    built['QA_naive'] = qaencoder(encoder, documents, folder / 'naive.mvi', 'naive', num_results=num_results)
+        built[label] = qaencoder_system(encoder, documents, folder / f'{method}.flex', method,
+                                        num_results=num_results, seed=seed, **params)
+    built['QA_naive'] = qaencoder_system(encoder, documents, folder / 'naive.mvi', 'naive', num_results=num_results)
     return built
 
 
