@@ -22,7 +22,10 @@ class HybridRetriever(DerivedIdentity, pt.Transformer):
     counts 0 on that side). DiffRetriever's hybrid is dense MaxSim and sparse with ``weight=0.5``.
 
     It offers no ``fuse_rank_cutoff``: the normalisation depends on each list's depth, so a shallower hybrid would
-    not rank as the cut-off deep one does."""
+    not rank as the cut-off deep one does. It is not written as PyTerrier's ``*`` and ``+`` over pyterrier_alpha's
+    ``PerQueryMaxMinScore`` because, measured (docs/ecosystem.md): that class fails in pyterrier-alpha 0.16.5, ``+``
+    leaves the documents only the second list found without their query text, and ``minmax_scale`` gives a
+    one-document list 0 where it counts 1 here."""
     schematic = {'label': 'Hybrid'}
 
     def __init__(self, first: pt.Transformer, second: pt.Transformer, *, weight: float = 0.5, num_results: int = 1000):
