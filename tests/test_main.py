@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 
@@ -68,8 +69,10 @@ def small_ramdocs(data_dir, tmp_path_factory):
 def test_main_job_trains_amer_and_jpr_once_reproducibly_and_reuses_them(small_ramdocs, tmp_path, capsys, monkeypatch):
     cache, out = tmp_path / 'cache', tmp_path / 'table.csv'
     assert main(['--dataset', str(small_ramdocs), '--cache-dir', str(cache), '--save', str(out)]) == 0
-    printed = capsys.readouterr().out
+    printed, shown = capsys.readouterr()
     assert 'fixed split by question: 8 training / 6 test questions' in printed and 'MMR lambda' in printed
+    for trainer in ('bi-encoder', 'AMER', 'JPR dynamic_oracle'):   # every training shows its bar over epochs
+        assert re.search(rf'{trainer}: 100%.* (\d+)/\1 \[', shown), trainer
     table = pd.read_csv(out)
     assert table['name'].str.replace(r'\(λ=[0-9.]+\)', '', regex=True).tolist() == [
         'BM25', 'MiniLM', 'MiniLM >> MMR', 'MiniLM-FT', 'AMER', 'MiniLM >> JPR', 'AMER >> JPR',

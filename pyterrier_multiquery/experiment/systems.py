@@ -205,7 +205,8 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
                epochs: int = 8, learning_rate: float = 1e-4, train_encoder: str = 'none', residual: str = 'encoder',
                batch_size: int = 32, temperature: float = 0.05, negatives: int = 64, hard_negatives: int = 10,
                merge: str = 'round_robin', dev_fraction: float = 0.2, choose_epoch: bool = True,
-               departure: Union[float, str] = 1., seed: int = 0, threads: int = DEFAULT_THREADS) -> Path:
+               departure: Union[float, str] = 1., seed: int = 0, threads: int = DEFAULT_THREADS,
+               verbose: bool = True) -> Path:
     """AMER over the first stage's encoder, trained on ``topics`` and multi-answer ``qrels`` once by
     :class:`~pyterrier_multiquery.amer.AMERTrainer`; returns its folder.
 
@@ -215,7 +216,8 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
     record (history, merge, first stage) is saved with it. The model is an entry of the first stage's cache, keyed by
     the training questions and qrels, the settings, the code and the first stage, and reused while none of these
     changes. ``residual='linear'`` trains the :class:`~pyterrier_multiquery.amer.encoder_model.LinearResidualAMERModel`
-    ablation instead (``train_encoder`` then does not apply).
+    ablation instead (``train_encoder`` then does not apply). ``verbose`` shows the trainer's bars over epochs and
+    steps (the first stage's own bars follow its ``verbose``).
     """
     if residual not in ('encoder', 'linear'):
         raise ValueError(f"residual must be 'encoder' or 'linear', got {residual!r}")
@@ -240,7 +242,7 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
                     hard_negatives=hard_negatives, temperature=temperature, learning_rate=learning_rate,
                     epochs=epochs, batch_size=batch_size, negatives=negatives, seed=seed, threads=threads,
                     choose_epoch=choose_epoch, departure=departure, first_stage_name=first_stage.name,
-                    verbose=first_stage.verbose).fit(*train, *dev)
+                    verbose=verbose).fit(*train, *dev)
         model.save_pretrained(path)
 
     return first_stage.cache.get('amer', fit, settings=settings, data=data_fingerprint(topics[['qid', 'query']], qrels),
@@ -264,7 +266,7 @@ def train_jpr(first_stage: DenseFirstStage, dataset, topics: pd.DataFrame, qrels
               prior: bool = True, dev_fraction: float = 0.2, choose_epoch: bool = True,
               departure: Union[float, str] = 1., learning_rate: float = 3e-4, gamma: float = 1.0,
               max_length: int = 128, seed: int = 0, threads: int = DEFAULT_THREADS,
-              state_cache: Optional[os.PathLike] = None) -> Path:
+              state_cache: Optional[os.PathLike] = None, verbose: bool = True) -> Path:
     """JPR over the first stage's top ``num_candidates``, trained once by :class:`~pyterrier_multiquery.jpr.JPRTrainer`;
     returns its folder.
 
@@ -274,7 +276,7 @@ def train_jpr(first_stage: DenseFirstStage, dataset, topics: pd.DataFrame, qrels
     The model is an entry of the first stage's cache, keyed by the training questions and qrels, the corpus, the
     settings, the code and the first stage; ``state_cache`` is a folder where the frozen encoder keeps the
     candidates' states, so that models trained on the same candidates (folds, ablations) and :func:`jpr` with the
-    same folder encode each candidate list once.
+    same folder encode each candidate list once. ``verbose`` shows the trainer's bars over epochs and steps.
     """
     settings = {'num_candidates': num_candidates, 'k': k, 'epochs': epochs, 'mode': mode, 'prior': prior,
                 'dev_fraction': dev_fraction, 'choose_epoch': choose_epoch, 'departure': departure,
@@ -298,7 +300,7 @@ def train_jpr(first_stage: DenseFirstStage, dataset, topics: pd.DataFrame, qrels
         model = JPRModel(encoder, max_length=max_length, prior=prior)
         JPRTrainer(model, mode=mode, num_candidates=num_candidates, k=k, gamma=gamma, learning_rate=learning_rate,
                    epochs=epochs, seed=seed, threads=threads, choose_epoch=choose_epoch, departure=departure,
-                   first_stage_name=first_stage.name, verbose=first_stage.verbose).fit(candidates(train[0]), train[1],
+                   first_stage_name=first_stage.name, verbose=verbose).fit(candidates(train[0]), train[1],
                                                     None if dev[0] is None else candidates(dev[0]), dev[1])
         model.save_pretrained(path)
 
@@ -310,7 +312,7 @@ def train_jpr(first_stage: DenseFirstStage, dataset, topics: pd.DataFrame, qrels
 def train_single_vector(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.DataFrame, *, epochs: int = 2,
                         batch_size: int = 32, learning_rate: float = 2e-5, temperature: float = 0.05,
                         hard_negatives: int = 1, max_length: int = 128, seed: int = 0,
-                        threads: int = DEFAULT_THREADS) -> Path:
+                        threads: int = DEFAULT_THREADS, verbose: bool = True) -> Path:
     """all-MiniLM-L6-v2 fine-tuned on the training questions: the single-query baseline of the AMER paper.
 
     Trained by :class:`~pyterrier_multiquery.training.bi_encoder.BiEncoderTrainer` (InfoNCE over in-batch negatives
@@ -319,7 +321,8 @@ def train_single_vector(first_stage: DenseFirstStage, topics: pd.DataFrame, qrel
     that is not relevant; the same training questions as :func:`train_amer`, on a schedule fixed in advance (no
     epoch is chosen on data). Every weight of the encoder trains (AMER's encoder stays frozen), so it gets 2 epochs
     over texts cut to ``max_length`` tokens (as JPR reads passages) by default: 8 epochs at 256 tokens took over an
-    hour on a shared 2-core CPU. The model is an entry of the first stage's cache; returns its folder.
+    hour on a shared 2-core CPU. The model is an entry of the first stage's cache; returns its folder. ``verbose``
+    shows the trainer's bars over epochs and steps.
     """
     settings = {'epochs': epochs, 'batch_size': batch_size, 'learning_rate': learning_rate,
                 'temperature': temperature, 'hard_negatives': hard_negatives, 'max_length': max_length, 'seed': seed,
@@ -334,7 +337,7 @@ def train_single_vector(first_stage: DenseFirstStage, topics: pd.DataFrame, qrel
         trainer = BiEncoderTrainer(first_stage.model_path, text, hard_negatives=hard_negatives,
                                    temperature=temperature, learning_rate=learning_rate, epochs=epochs,
                                    batch_size=batch_size, max_length=max_length, seed=seed, threads=threads,
-                                   verbose=first_stage.verbose)
+                                   verbose=verbose)
         trainer.fit(run, relevant)
         trainer.save(path)
 
