@@ -233,7 +233,7 @@ def test_main_job_runs_amer_from_a_saved_model(tiny_llama, tmp_path):
 
     from pyterrier_multiquery.amer import AMERModel
     from pyterrier_multiquery.experiment.main import main
-    from pyterrier_multiquery.experiment.systems import DenseFirstStage, amer
+    from pyterrier_multiquery.experiment.systems import DenseFirstStage, amer_system
     from pyterrier_multiquery.loaders import load_dataset
     folder = tmp_path / 'beir'
     (folder / 'qrels').mkdir(parents=True)
@@ -246,7 +246,7 @@ def test_main_job_runs_amer_from_a_saved_model(tiny_llama, tmp_path):
     AMERModel.from_backbone(tiny_llama, doc_dim=384, num_vectors=2).save_pretrained(tmp_path / 'amer')
     dataset = load_dataset(folder)
     first_stage = DenseFirstStage(dataset, tmp_path / 'cache', verbose=False)
-    run = amer(first_stage, tmp_path / 'amer', num_results=3)(dataset.get_topics())
+    run = amer_system(first_stage, tmp_path / 'amer', num_results=3)(dataset.get_topics())
     assert len(run) == 3 and run['docno'].is_unique and list(run['rank']) == [0, 1, 2]
     table = tmp_path / 'table.csv'
     assert main(['--dataset', str(folder), '--cache-dir', str(tmp_path / 'cache'), '--amer', str(tmp_path / 'amer'),

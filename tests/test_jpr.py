@@ -518,7 +518,7 @@ def test_reranker_keeps_the_frozen_encoders_states_across_runs(tiny_bert, tmp_pa
 def test_main_job_runs_jpr_from_a_saved_model(tiny_bert, tmp_path):
     from pyterrier_multiquery.experiment.main import main
     from pyterrier_multiquery.loaders import load_dataset
-    from pyterrier_multiquery.experiment.systems import DenseFirstStage, jpr
+    from pyterrier_multiquery.experiment.systems import DenseFirstStage, jpr_system
     folder = tmp_path / 'beir'
     (folder / 'qrels').mkdir(parents=True)
     texts = ['brazil won the cup', 'france won the cup', 'italy won the cup', 'spain in year', 'the year']
@@ -530,7 +530,7 @@ def test_main_job_runs_jpr_from_a_saved_model(tiny_bert, tmp_path):
     new_model(tiny_bert).save_pretrained(tmp_path / 'jpr')
     dataset = load_dataset(folder)
     first_stage = DenseFirstStage(dataset, tmp_path / 'cache', verbose=False)
-    system = jpr(first_stage.retriever(4), dataset, tmp_path / 'jpr', num_candidates=4, k=2, verbose=False)
+    system = jpr_system(first_stage.retriever(4), dataset, tmp_path / 'jpr', num_candidates=4, k=2, verbose=False)
     out = system(dataset.get_topics())
     top4 = first_stage.retriever(4)(dataset.get_topics()).groupby('qid')['docno'].agg(set)
     # two choices from MiniLM's top 4, then the other two of them
