@@ -175,11 +175,12 @@ def refiners(args, cache, name: str, first_stage, train_first_stage, dataset, tr
     if train and amer_model is None:
         print(f'{amer_name}: trained on the training split (on the first run; then cached)', flush=True)
         amer_model = systems.train_amer(train_first_stage, train_split.train_topics, train_split.train_qrels,
-                                        **SCHEDULES['AMER'], seed=args.seed, threads=args.threads)
+                                        **SCHEDULES['AMER'], seed=args.seed, threads=args.threads, verbose=True)
     if train and jpr_model is None:
         print(f'{jpr_name}: trained on the training split (on the first run; then cached)', flush=True)
         jpr_model = systems.train_jpr(train_first_stage, train_dataset or dataset, train_split.train_topics,
-                                      train_split.train_qrels, **SCHEDULES['JPR'], seed=args.seed, threads=args.threads)
+                                      train_split.train_qrels, **SCHEDULES['JPR'], seed=args.seed, threads=args.threads,
+                                      verbose=True)
     table = {}
     if amer_model is not None:
         table[amer_name] = systems.amer_system(first_stage, amer_model, batch_size=args.batch_size)
@@ -221,7 +222,8 @@ def build_systems(args, spec, dataset, train_dataset, train_split, train: bool):
     if train:
         print(f'{FINE_TUNED}: MiniLM fine-tuned on the training split (on the first run; then cached)', flush=True)
         fine_tuned = systems.train_single_vector(train_first_stage, train_split.train_topics, train_split.train_qrels,
-                                                 **SCHEDULES[FINE_TUNED], seed=args.seed, threads=args.threads)
+                                                 **SCHEDULES[FINE_TUNED], seed=args.seed, threads=args.threads,
+                                                 verbose=True)
         table[FINE_TUNED] = systems.single_vector(first_stage, fine_tuned)
         if FINE_TUNED in FIRST_STAGES[args.first_stage]:
             over = lambda data: systems.DenseFirstStage(data, cache, model=fine_tuned,  # noqa: E731

@@ -206,7 +206,7 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
                batch_size: int = 32, temperature: float = 0.05, negatives: int = 64, hard_negatives: int = 10,
                merge: str = 'round_robin', dev_fraction: float = 0.2, choose_epoch: bool = True,
                departure: Union[float, str] = 1., seed: int = 0, threads: int = DEFAULT_THREADS,
-               verbose: bool = True) -> Path:
+               verbose: bool = False) -> Path:
     """AMER over the first stage's encoder, trained on ``topics`` and multi-answer ``qrels`` once by
     :class:`~pyterrier_multiquery.amer.AMERTrainer`; returns its folder.
 
@@ -217,7 +217,7 @@ def train_amer(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.Dat
     the training questions and qrels, the settings, the code and the first stage, and reused while none of these
     changes. ``residual='linear'`` trains the :class:`~pyterrier_multiquery.amer.encoder_model.LinearResidualAMERModel`
     ablation instead (``train_encoder`` then does not apply). ``verbose`` shows the trainer's bars over epochs and
-    steps (the first stage's own bars follow its ``verbose``).
+    steps (the first stage's own bars follow its ``verbose``; the main job shows them).
     """
     if residual not in ('encoder', 'linear'):
         raise ValueError(f"residual must be 'encoder' or 'linear', got {residual!r}")
@@ -266,7 +266,7 @@ def train_jpr(first_stage: DenseFirstStage, dataset, topics: pd.DataFrame, qrels
               prior: bool = True, dev_fraction: float = 0.2, choose_epoch: bool = True,
               departure: Union[float, str] = 1., learning_rate: float = 3e-4, gamma: float = 1.0,
               max_length: int = 128, seed: int = 0, threads: int = DEFAULT_THREADS,
-              state_cache: Optional[os.PathLike] = None, verbose: bool = True) -> Path:
+              state_cache: Optional[os.PathLike] = None, verbose: bool = False) -> Path:
     """JPR over the first stage's top ``num_candidates``, trained once by :class:`~pyterrier_multiquery.jpr.JPRTrainer`;
     returns its folder.
 
@@ -312,7 +312,7 @@ def train_jpr(first_stage: DenseFirstStage, dataset, topics: pd.DataFrame, qrels
 def train_single_vector(first_stage: DenseFirstStage, topics: pd.DataFrame, qrels: pd.DataFrame, *, epochs: int = 2,
                         batch_size: int = 32, learning_rate: float = 2e-5, temperature: float = 0.05,
                         hard_negatives: int = 1, max_length: int = 128, seed: int = 0,
-                        threads: int = DEFAULT_THREADS, verbose: bool = True) -> Path:
+                        threads: int = DEFAULT_THREADS, verbose: bool = False) -> Path:
     """all-MiniLM-L6-v2 fine-tuned on the training questions: the single-query baseline of the AMER paper.
 
     Trained by :class:`~pyterrier_multiquery.training.bi_encoder.BiEncoderTrainer` (InfoNCE over in-batch negatives
