@@ -11,6 +11,5 @@ from pyterrier_multiquery.diffretriever.sparse import lucene_sparse_index, spars
 from pyterrier_multiquery.diffretriever.training import DiffRetrieverTrainer
 
 __all__ = ['DiffRetriever', 'DiffEmbed', 'PromptReps', 'HybridRetriever', 'retrieval_pipelines', 'MODES',
-           'DiffRetrieverTrainer', 'budget_grid',
-           'select_budget', 'grid_means', 'query_features', 'oracle_budgets', 'oracle_correlations',
-           'sparse_index', 'lucene_sparse_index']
+           'DiffRetrieverTrainer', 'budget_grid', 'select_budget', 'grid_means', 'query_features', 'oracle_budgets',
+           'oracle_correlations', 'sparse_index', 'lucene_sparse_index']

@@ -384,21 +384,22 @@ def diffretriever_system(dataset, cache_dir: os.PathLike, model_path, *, mode: s
                          k_query: Optional[int] = None, k_doc: Optional[int] = None, num_results: int = 1000,
                          **encoder_args) -> pt.Transformer:
     """DiffRetriever's query encoder >> retriever over ``dataset``'s corpus, encoded once into ``cache_dir`` (per
-    model path and K_doc) as a MultiVectorIndex of ``doc_embs`` and a PISA index of ``toks``.
+    encoder: its document settings and weights) by :func:`~pyterrier_multiquery.diffretriever.retrieval_pipelines`.
 
     Args:
         dataset: A PyTerrier dataset (``get_corpus_iter``).
         cache_dir: Folder for the two indexes.
         model_path: A DiffRetriever checkpoint or a plain masked/causal LM backbone.
-        mode: ``dense`` (MaxSim), ``mean`` (mean-pooled vectors), ``sparse`` or ``hybrid`` (0.5/0.5).
+        mode: One of :data:`~pyterrier_multiquery.diffretriever.MODES` (``dense``, ``mean``, ``sparse``, ``hybrid``,
+            ``mean hybrid``).
         k_query: Query mask positions (the checkpoint's saved budget, or 4, when None).
         k_doc: Document mask positions (likewise).
         num_results: Results per query.
         encoder_args: Passed to :meth:`DiffRetriever.from_pretrained` (``device``, ``batch_size``, ...).
     """
-    from pyterrier_multiquery.diffretriever import DiffRetriever, retrieval_pipelines
-    if mode not in ('dense', 'mean', 'sparse', 'hybrid'):
-        raise ValueError(f"mode must be 'dense', 'mean', 'sparse' or 'hybrid', got {mode!r}")
+    from pyterrier_multiquery.diffretriever import MODES, DiffRetriever, retrieval_pipelines
+    if mode not in MODES:  # before the model loads
+        raise ValueError(f'mode must be one of {MODES}, got {mode!r}')
     encoder = DiffRetriever.from_pretrained(str(model_path), k_query=k_query, k_doc=k_doc, **encoder_args)
     name = f'diffretriever-{encoder_digest(encoder)[:16]}'
     return retrieval_pipelines(encoder, lambda: corpus_frame(dataset), Path(cache_dir) / name, modes=(mode,),

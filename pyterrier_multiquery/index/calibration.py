@@ -259,7 +259,8 @@ def calibrate(retriever) -> Calibration:
             bar.update()
             approx = approximate(count, effort)
             found = _top_others(approx(queries), top)   # the first search also loads (or builds) the FAISS index
-            recall = float(np.mean([len(set(found.get(qid, ())) & set(top)) / len(top) for qid, top in truth.items()]))
+            recall = float(np.mean([len(set(found.get(qid, ())) & set(ranking)) / len(ranking)
+                                    for qid, ranking in truth.items()]))
             tried[effort][count] = recall
             seconds = _seconds(approx, queries)
             last = (effort, recall, seconds)
