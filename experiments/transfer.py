@@ -2,34 +2,35 @@
 
     python experiments/transfer.py [--folds 5] [--skip-in-domain]
 
-Collections (from the shared data folder): RAMDocs (500 questions, one to three answers), MuSiQue (100 questions,
-each supporting paragraph its own answer), HotpotQA-500 (500 distractor questions, each supporting paragraph its own
-answer; the shared copy keeps 422 questions with an answer in their contexts, and those are scored; never used for
-training or choosing anything) and SciFact's queries with two or more relevant documents (train and test
-qrels together: 100 queries, each relevant document its own answer; never used for training or tuning). First stage:
-all-MiniLM-L6-v2. Trained systems: MiniLM-FT (MiniLM fine-tuned contrastively on the training questions, the fair
-single-vector baseline, on all the training questions), AMER (over MiniLM, lists merged round-robin) and MiniLM >>
-JPR (top 20 reranked). Every model trains on a schedule fixed in advance (the trainers' epochs); AMER and JPR on
-80 % of the training questions, the other 20 % choosing each one's departure weight from the first stage by the
-one-standard-error rule
-(:func:`~pyterrier_multiquery.training.departure.choose_departure`). No weight, epoch or setting is chosen on a
-test fold or a transfer target. Each model is also shown at departure 1 (``as trained, λ=1``); the weights chosen
-are listed per model (per fold in domain). ``+ back-off`` (:class:`~pyterrier_multiquery.training.backoff.BackOff`)
-gives a question unlike the model's training questions MiniLM's ranking instead: unlike, where its MiniLM cosine
-similarity to its nearest training question is below the 5 % quantile of the training questions' own similarities to
-their nearest other training question (a quantile fixed in advance, from the training questions alone). A question
-goes whole to one system or the other, so its scores are the refiner's or MiniLM's, composed per question from the
-stored scores.
+Collections (from the shared data folder): RAMDocs (500 questions, one to three answers), MuSiQue (100 questions, each
+supporting paragraph its own answer), HotpotQA-500 (500 distractor questions, each supporting paragraph its own answer;
+the shared copy keeps 422 questions with an answer in their contexts, and those are scored; never used for training or
+choosing anything) and SciFact's queries with two or more relevant documents (train and test qrels together: 100
+queries, each relevant document its own answer; never used for training or tuning). First stage: all-MiniLM-L6-v2.
+Trained systems: MiniLM-FT (MiniLM fine-tuned contrastively on the training questions, the fair single-vector baseline,
+on all the training questions), and over each of MiniLM and MiniLM-FT the main job's three refiners: AMER (lists merged
+round-robin), JPR (top 20 reranked) and their stack (AMER's top 20 reranked by JPR), each trained over the first stage
+it refines. Every model trains on a schedule fixed in advance (the trainers' epochs); AMER and JPR on 80 % of the
+training questions, the other 20 % choosing each one's departure weight from the first stage by the one-standard-error
+rule (:func:`~pyterrier_multiquery.training.departure.choose_departure`). No weight, epoch or setting is chosen on a
+test fold or a transfer target. Each refiner over MiniLM is also shown at departure 1 (``as trained, λ=1``); the weights
+chosen are listed per model (per fold in domain). ``+ back-off``
+(:class:`~pyterrier_multiquery.training.backoff.BackOff`) gives a question unlike the model's training questions
+MiniLM's ranking instead: unlike, where its MiniLM cosine similarity to its nearest training question is below the 5 %
+quantile of the training questions' own similarities to their nearest other training question (a quantile fixed in
+advance, from the training questions alone). A question goes whole to one system or the other, so its scores are the
+refiner's or MiniLM's, composed per question from the stored scores.
 
-Out of domain: a model trained on all of a collection's questions, tested on every collection it never saw. In
-domain: 5-fold cross-validation by question (train on four folds, test on the fifth). Each system is compared with
-the first stage and with MiniLM-FT on the same queries: mean difference, 95 % paired-bootstrap interval, p-value.
-The floor: on every collection a model never saw, MRecall@10 not significantly below MiniLM's (paired test,
-p < 0.05), and on those of about 500 questions (RAMDocs, HotpotQA-500) also the lower end of the 95 % interval of
-the difference above -0.02. Writes ``experiments/results/transfer.{md,json,csv,png}``; the per-query scores and chosen
-weights of every finished part are stored as it goes (``transfer_perquery.csv``, ``transfer_choices.csv``, and
-which test questions are familiar, ``transfer_familiar.csv``), so a stopped run goes on where it stopped
-(``--restart`` forgets them; ``--report-only`` reports what is stored).
+Out of domain: a model trained on all of a collection's questions, tested on every collection it never saw. In domain:
+5-fold cross-validation by question (train on four folds, test on the fifth). Each system is compared with the first
+stage and with MiniLM-FT on the same queries: mean difference, 95 % paired-bootstrap interval, p-value. The floor, for
+each refiner against its own first stage (MiniLM or MiniLM-FT): on every collection a model never saw, MRecall@10 not
+significantly below the first stage's (paired test, p < 0.05), and on those of about 500 questions (RAMDocs,
+HotpotQA-500) also the lower end of the 95 % interval of the difference above -0.02. Writes
+``experiments/results/transfer.{md,json,csv,png}``; the per-query scores and chosen weights of every finished part are
+stored as it goes (``transfer_perquery.csv``, ``transfer_choices.csv``, and which test questions are familiar,
+``transfer_familiar.csv``), so a stopped run goes on where it stopped (``--restart`` forgets them; ``--report-only``
+reports what is stored).
 """
 import copy
 import time
@@ -48,6 +49,7 @@ from pyterrier_multiquery.experiment.evaluation import (
     per_query,
     write_report,
 )
+from pyterrier_multiquery.experiment.main import FINE_TUNED, REFINED
 from pyterrier_multiquery.loaders import CombinedDataset, load_dataset
 from pyterrier_multiquery.measures import MRecall
 from pyterrier_multiquery.training.backoff import DEFAULT_QUANTILE, Familiarity
@@ -56,8 +58,8 @@ RESULTS = Path(__file__).parent / 'results'
 MEASURES = [MRecall @ 5, MRecall @ 10]
 #: How every model trains: a fixed schedule, a fifth of the training questions held out for the departure weight.
 TRAINING = {'dev_fraction': 0.2, 'choose_epoch': False, 'departure': 'one_se'}
-SOURCES = {'RAMDocs': ('ramdocs',), 'MuSiQue': ('musique',), 'RAMDocs+MuSiQue': ('ramdocs', 'musique')}
-TARGETS = {'ramdocs': 'RAMDocs', 'musique': 'MuSiQue', 'hotpotqa': 'HotpotQA-500', 'scifact': 'SciFact (2+ relevant)'}
+SOURCES = {'MuSiQue': ('musique',), 'RAMDocs': ('ramdocs',), 'RAMDocs+MuSiQue': ('ramdocs', 'musique')}
+TARGETS = {'hotpotqa': 'HotpotQA-500', 'ramdocs': 'RAMDocs', 'musique': 'MuSiQue', 'scifact': 'SciFact (2+ relevant)'}
 #: The lowest end of the 95 % interval of ΔMRecall@10 against MiniLM allowed on the collections of :data:`LARGE`.
 FLOOR = -0.02
 #: The collections large enough (about 500 questions) for the interval's part of the floor.
@@ -87,35 +89,52 @@ class Collection:
 
 
 def trained_systems(collection: Collection, train: Collection, topics, qrels, args) -> tuple:
-    """MiniLM, and MiniLM-FT, AMER and MiniLM >> JPR trained on ``topics``/``qrels`` of ``train``, on ``collection``.
+    """MiniLM and MiniLM-FT, and AMER, JPR and their stack over each of them, trained on ``topics``/``qrels`` of
+    ``train``, on ``collection``.
 
     Returns:
-        ``(systems, chosen)``: the systems by name (the same names whatever the training chose, so that folds pool;
-        each refiner also as trained, at departure 1) and each refiner's departure weight chosen on training data.
+        ``(systems, chosen)``: the systems by name (the main job's names, the same whatever the training chose, so
+        that folds pool; the refiners over MiniLM also as trained, at departure 1) and each refiner's departure
+        weight chosen on training data.
     """
     from pyterrier_multiquery.amer import AMERModel
     from pyterrier_multiquery.jpr import JPRModel
     settings = dict(seed=args.seed, threads=args.threads)
     fine_tuned = systems.train_single_vector(train.first_stage, topics, qrels, **settings)
-    amer = AMERModel.from_pretrained(systems.train_amer(train.first_stage, topics, qrels, merge='round_robin',
-                                                        **TRAINING, **settings))
-    jpr = JPRModel.from_pretrained(systems.train_jpr(train.first_stage, train.dataset, topics, qrels, **TRAINING,
-                                                     **settings))
-    stage = collection.first_stage
-    states = stage.cache_dir / 'jpr_candidate_states'
-    built = {'MiniLM': stage.retriever(), 'MiniLM-FT': systems.single_vector(stage, fine_tuned)}
-    chosen = {}
-    def reranked(model):
-        return systems.jpr_system(stage.retriever(), collection.dataset, model, seed=args.seed, state_cache=states,
-                                  verbose=False)
 
-    for name, model, system in (('AMER', amer, lambda m: systems.amer_system(stage, m)),
-                                ('MiniLM >> JPR', jpr, reranked)):
-        chosen[name] = model.departure
-        built[name] = system(model)
-        as_trained = copy.deepcopy(model)
-        as_trained.departure = 1.
-        built[f'{name} (as trained, λ=1)'] = system(as_trained)
+    def over_fine_tuned(stage):
+        return systems.DenseFirstStage(stage.dataset, stage.cache, model=fine_tuned, verbose=False)
+
+    stages = {'MiniLM': collection.first_stage, FINE_TUNED: over_fine_tuned(collection.first_stage)}
+    train_stages = {'MiniLM': train.first_stage,
+                    FINE_TUNED: stages[FINE_TUNED] if train is collection else over_fine_tuned(train.first_stage)}
+    built = {name: stage.retriever() for name, stage in stages.items()}
+    chosen = {}
+    for first_stage, stage in stages.items():
+        amer_name, jpr_name, stacked_name = REFINED[first_stage]
+        train_stage = train_stages[first_stage]
+        amer = AMERModel.from_pretrained(systems.train_amer(train_stage, topics, qrels, merge='round_robin',
+                                                            **TRAINING, **settings))
+        jpr = JPRModel.from_pretrained(systems.train_jpr(train_stage, train.dataset, topics, qrels, **TRAINING,
+                                                         **settings))
+        states = stage.cache_dir / 'jpr_candidate_states'
+
+        def amer_over(model, stage=stage):
+            return systems.amer_system(stage, model)
+
+        def reranked(model, stage=stage, states=states, candidates=None):
+            candidates = stage.retriever() if candidates is None else candidates
+            return systems.jpr_system(candidates, collection.dataset, model, seed=args.seed, state_cache=states,
+                                      verbose=False)
+
+        for name, model, system in ((amer_name, amer, amer_over), (jpr_name, jpr, reranked)):
+            chosen[name] = model.departure
+            built[name] = system(model)
+            if first_stage == 'MiniLM':
+                as_trained = copy.deepcopy(model)
+                as_trained.departure = 1.
+                built[f'{name} (as trained, λ=1)'] = system(as_trained)
+        built[stacked_name] = reranked(jpr, candidates=built[amer_name])
     return built, chosen
 
 
@@ -142,9 +161,11 @@ def table_rows(scores: pd.DataFrame, source: str, target: str, in_domain: bool) 
                 row[f'{measure} p vs MiniLM'] = test['p_value']
             if system not in ('MiniLM', 'MiniLM-FT'):
                 row[f'{measure} p vs MiniLM-FT'] = fine_tuned.loc[(system, measure), 'p_value']
-        if not in_domain and system not in ('MiniLM', 'MiniLM-FT'):   # the floor is the refiners'
-            test = first_stage.loc[(system, 'MRecall@10')]
+        if not in_domain and system not in ('MiniLM', FINE_TUNED):   # the floor is the refiners', against their own
+            own = FINE_TUNED if system.startswith(REFINED[FINE_TUNED]) else 'MiniLM'   # first stage
+            test = (fine_tuned if own == FINE_TUNED else first_stage).loc[(system, 'MRecall@10')]
             below = test['mean_diff'] < 0 and test['p_value'] < 0.05
+            row['floor against'] = own
             row['floor held'] = 'no' if below or (target in LARGE and test['ci_low'] <= FLOOR) else 'yes'
         rows.append(row)
     return pd.DataFrame(rows)
@@ -284,6 +305,8 @@ def main():
     parser = experiment_parser(__doc__.splitlines()[0], RESULTS / 'transfer')
     parser.add_argument('--folds', type=int, default=5, help='in-domain cross-validation folds (default: 5)')
     parser.add_argument('--skip-in-domain', action='store_true', help='only the collections a model never saw')
+    parser.add_argument('--targets', nargs='+', choices=list(TARGETS), default=list(TARGETS),
+                        help='the test collections, in the order their parts run (default: %(default)s)')
     parser.add_argument('--threads', type=int, default=2, help='torch threads (default: 2)')
     parser.add_argument('--restart', action='store_true', help='forget the parts stored by an earlier run')
     parser.add_argument('--report-only', action='store_true', help='write the report of the stored parts only')
@@ -300,15 +323,16 @@ def main():
                        'musique': Collection(loaded['musique'], cache),
                        'hotpotqa': Collection(loaded['hotpotqa'], cache),
                        'scifact': Collection(loaded['scifact'], cache, *multi_relevant(loaded['scifact']))}
-        for source, members in SOURCES.items():   # trained on every question of the source
-            train = collections[members[0]] if len(members) == 1 else Collection(
-                CombinedDataset([loaded[m] for m in members]), cache)
-            for key, collection in collections.items():
+        trains = {source: collections[members[0]] if len(members) == 1 else Collection(
+            CombinedDataset([loaded[m] for m in members]), cache) for source, members in SOURCES.items()}
+        for key in args.targets:   # models trained on every question of the source, HotpotQA-500's parts first
+            for source, members in SOURCES.items():
                 if key not in members:
+                    collection, train = collections[key], trains[source]
                     run_part(parts, source, TARGETS[key], -1, collection, train, None, None, args)
                     familiar_part(parts, source, TARGETS[key], -1, collection, train, None, None, encoder)
         if not args.skip_in_domain:
-            for key in ('musique', 'ramdocs'):
+            for key in [key for key in ('musique', 'ramdocs') if key in args.targets]:
                 collection, source = collections[key], TARGETS[key]
                 for fold, (train_qids, test_qids) in enumerate(
                         cross_validation_folds(collection.qrels, args.folds, seed=args.seed)):
