@@ -87,16 +87,19 @@ def test_ir_measures_qrels():
 
 
 def test_write_report(tmp_path):
-    table = pd.DataFrame({'system': ['a', 'b'], 'value': [0.123456, 1 / 3]})
+    table = pd.DataFrame({'system': ['a', 'b'], 'value': [0.123456, 1 / 3], 'seed': [0, 12]})
     figure = line_figure(pd.DataFrame({'x': [0, 1, 0, 1], 'y': [1., 2., 3., 4.], 'line': list('aabb')}), 'x', 'y',
                          line='line')
-    write_report(tmp_path / 'out' / 'report', 'Title', 'What ran.', {'Main': table, 'Other': table.head(1)},
+    write_report(tmp_path / 'out' / 'report', 'Title', 'What ran.', {'Main': table, 'Other': table.head(1),
+                                                                     'Numbers': table[['seed', 'value']]},
                  extra={'settings': {'seed': np.int64(3)}}, figure=figure, csv=True, floatfmt='.2f')
     md = (tmp_path / 'out' / 'report.md').read_text()
     assert md.startswith('# Title\n\nWhat ran.\n\n## Main\n\n') and '## Other' in md
     assert '0.12' in md and '0.123' not in md
+    assert '|     12 |    0.33 |' in md and '12.00' not in md   # an integer column stays whole, beside floats too
     content = json.loads((tmp_path / 'out' / 'report.json').read_text())
-    assert content['tables']['Main'][1] == {'system': 'b', 'value': 1 / 3} and content['settings'] == {'seed': 3}
+    assert content['tables']['Main'][1] == {'system': 'b', 'value': 1 / 3, 'seed': 12}
+    assert content['settings'] == {'seed': 3}
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / 'out' / 'report.csv'), table)
     assert (tmp_path / 'out' / 'report.png').stat().st_size > 0
 

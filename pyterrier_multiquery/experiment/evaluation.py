@@ -339,13 +339,14 @@ def write_report(path: Path, title: str, description: str, tables: Mapping[str, 
         extra: More JSON content (settings, timings, training curves).
         figure: A matplotlib figure, saved as ``.png`` beside the report.
         csv: Whether the first table is also written as ``.csv`` (at full precision).
-        floatfmt: How the markdown tables format numbers.
+        floatfmt: How the markdown tables format fractional numbers (integer columns print as integers).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [f'# {title}', '', description, '']
     for heading, table in tables.items():
-        lines += [f'## {heading}', '', table.to_markdown(index=False, floatfmt=floatfmt), '']
+        integers = {column: object for column in table.select_dtypes('integer').columns}   # kept whole: tabulate
+        lines += [f'## {heading}', '', table.astype(integers).to_markdown(index=False, floatfmt=floatfmt), '']
     path.with_suffix('.md').write_text('\n'.join(lines))
     content = {'title': title, 'description': description,
                'tables': {heading: table.to_dict('records') for heading, table in tables.items()}, **(extra or {})}
