@@ -2,17 +2,19 @@
 
     python experiments/jpr_ramdocs.py [--datasets ramdocs musique] [--candidates 20] [--epochs 20]
 
-Collections: RAMDocs (500 questions, one to three answers) and MuSiQue (100 questions, each supporting paragraph its
-own answer), both from the shared data folder. First stage: all-MiniLM-L6-v2, top |B| = ``--candidates`` per
-question. The rerankers share one frozen all-MiniLM-L6-v2 passage encoder (states computed once per question and
-kept in the cache folder); only their decoders train. Per fold, on the other folds' questions,
-:func:`~pyterrier_multiquery.experiment.systems.train_jpr` trains each model and keeps its best epoch (0, the
-untrained model, included) on a fifth of them held out as dev; the test fold is never seen. Systems: MiniLM (its top
-k), IndepPR + prior, JPR + prior decoded with SeqDecode and TreeDecode, and JPR without the prior (TreeDecode, the
-ablation: the model before the prior existed). Measures on all questions, those with more than one answer, and the
-low-similarity third (the third with the most spread-out target passages by MiniLM cosine distance), with a paired
-bootstrap of each system against MiniLM. Writes ``experiments/results/jpr_ramdocs.{md,json,png}`` (the figure: the
-training curves) and the per-query figures ``jpr_ramdocs_perquery.csv``.
+Collections: RAMDocs (500 questions, one to three answers) and MuSiQue (100 questions, each supporting paragraph its own
+answer), both from the shared data folder. First stage: all-MiniLM-L6-v2, top |B| = ``--candidates`` per question. The
+rerankers share one frozen all-MiniLM-L6-v2 passage encoder (states computed once per question and kept in the cache
+folder); only their decoders train. Per fold, on the other folds' questions,
+:func:`~pyterrier_multiquery.experiment.systems.train_jpr` trains each model and keeps its best epoch (0, the untrained
+model, included) on a fifth of them held out as dev; the test fold is never seen. Systems: MiniLM (its top k), IndepPR +
+prior, JPR + prior decoded with SeqDecode and TreeDecode, and JPR without the prior (TreeDecode, the ablation: the model
+before the prior existed); and stacked on the fine-tuned encoder, MiniLM-FT (MiniLM fine-tuned contrastively on the
+fold's training questions, the fair single-vector baseline: its top k) and MiniLM-FT >> JPR + prior (trained over
+MiniLM-FT's candidates, TreeDecode), tested against MiniLM-FT. Measures on all questions, those with more than one
+answer, and the low-similarity third (the third with the most spread-out target passages by MiniLM cosine distance),
+with a paired bootstrap of each system against MiniLM. Writes ``experiments/results/jpr_ramdocs.{md,json,png}`` (the
+figure: the training curves) and the per-query figures ``jpr_ramdocs_perquery.csv``.
 """
 import json
 import time
@@ -34,6 +36,7 @@ from pyterrier_multiquery.experiment.evaluation import (
     per_query,
     write_report,
 )
+from pyterrier_multiquery.experiment.main import FINE_TUNED
 from pyterrier_multiquery.loaders import load_dataset
 from pyterrier_multiquery.measures import MRecall
 
@@ -42,6 +45,8 @@ MEASURES = [MRecall @ 5, MRecall @ 10, alpha_nDCG @ 10]
 MODELS = {'IndepPR + prior': dict(mode='independent', prior=True),
           'JPR + prior': dict(mode='dynamic_oracle', prior=True),
           'JPR, no prior': dict(mode='dynamic_oracle', prior=False)}
+#: JPR + prior trained over MiniLM-FT's candidates and reranking them (the first stage is the pipeline's choice).
+STACKED_MODEL = f'{FINE_TUNED} >> JPR + prior'
 RERANKERS = {'IndepPR + prior': ('IndepPR + prior', 'independent'), 'JPR + prior (Seq)': ('JPR + prior', 'seq'),
              'JPR + prior (Tree)': ('JPR + prior', 'tree'), 'JPR, no prior (Tree)': ('JPR, no prior', 'tree')}
 
@@ -54,7 +59,7 @@ def cross_validate_on(name: str, args) -> dict:
     states = first_stage.cache_dir / 'jpr_candidate_states' / f'all-MiniLM-L6-v2-{args.max_length}'
     settings = dict(num_candidates=args.candidates, k=args.k, epochs=args.epochs, dev_fraction=args.dev_fraction,
                     learning_rate=args.learning_rate, gamma=args.gamma, max_length=args.max_length, seed=args.seed)
-    curves, seconds = [], {model: [] for model in MODELS}
+    curves, seconds = [], {model: [] for model in (*MODELS, STACKED_MODEL)}
 
     def fold_systems(fold, train_topics, train_qrels):
         paths = {}
@@ -66,11 +71,27 @@ def cross_validate_on(name: str, args) -> dict:
             training = json.loads((paths[model] / 'training.json').read_text())   # the record saved with the model
             curves.extend({'collection': name, 'fold': fold, 'model': model, **point}
                           for point in training['history']['curve'])
+        fine_tuned = systems.train_single_vector(first_stage, train_topics, train_qrels, seed=args.seed,
+                                                 threads=args.threads)
+        fine_tuned_stage = systems.DenseFirstStage(dataset, first_stage.cache, model=fine_tuned, verbose=False)
+        start = time.perf_counter()
+        paths[STACKED_MODEL] = systems.train_jpr(fine_tuned_stage, dataset, train_topics, train_qrels,
+                                                 state_cache=states, **settings, **MODELS['JPR + prior'])
+        seconds[STACKED_MODEL].append(time.perf_counter() - start)
+        training = json.loads((paths[STACKED_MODEL] / 'training.json').read_text())
+        curves.extend({'collection': name, 'fold': fold, 'model': STACKED_MODEL, **point}
+                      for point in training['history']['curve'])
+
+        def reranked(stage, model, decode):
+            return systems.jpr_system(stage, dataset, paths[model], num_candidates=args.candidates, k=args.k,
+                                      decode=decode, beta=args.beta, seed=args.seed, state_cache=states, verbose=False)
+
         stage = first_stage.retriever(args.candidates)
-        return {'MiniLM': stage % args.k, **{
-            system: systems.jpr_system(stage, dataset, paths[model], num_candidates=args.candidates, k=args.k,
-                                decode=decode, beta=args.beta, seed=args.seed, state_cache=states, verbose=False)
-            for system, (model, decode) in RERANKERS.items()}}
+        fine_tuned_candidates = fine_tuned_stage.retriever(args.candidates)
+        return {'MiniLM': stage % args.k,
+                **{system: reranked(stage, model, decode) for system, (model, decode) in RERANKERS.items()},
+                FINE_TUNED: fine_tuned_candidates % args.k,
+                f'{STACKED_MODEL} (Tree)': reranked(fine_tuned_candidates, STACKED_MODEL, 'tree')}
 
     topics, qrels = dataset.get_topics(), dataset.get_qrels()
     runs, decode_seconds = cross_validate(topics, qrels, fold_systems, folds=args.folds, seed=args.seed)
@@ -104,6 +125,10 @@ def main():
         sizes = ', '.join(f'{subset} {len(qids)}' for subset, qids in r['subsets'].items())
         tables[f'{name}: means ({r["counts"].size} questions; {sizes})'] = means
         tables[f'{name}: paired bootstrap against MiniLM (10,000 resamples)'] = tests[
+            ['system', 'measure', 'questions', 'mean_diff', 'ci_low', 'ci_high', 'p_value']]
+        stacked = r['scores'][r['scores']['system'].isin([FINE_TUNED, f'{STACKED_MODEL} (Tree)'])]
+        _, tests = compare(stacked, FINE_TUNED, r['subsets'], seed=args.seed)
+        tables[f'{name}: paired bootstrap against {FINE_TUNED} (10,000 resamples)'] = tests[
             ['system', 'measure', 'questions', 'mean_diff', 'ci_low', 'ci_high', 'p_value']]
     curves = pd.DataFrame([point for r in results.values() for point in r['curves']])
     tables.update(training_tables(curves))
