@@ -515,6 +515,23 @@ def test_reranker_keeps_the_frozen_encoders_states_across_runs(tiny_bert, tmp_pa
     pd.testing.assert_frame_equal(JPR(again, k=3, state_cache=tmp_path / 'states')(results()), first)
 
 
+def test_stored_states_belong_to_the_encoder_that_made_them(tiny_bert, tmp_path):
+    import torch
+
+    from pyterrier_multiquery.jpr import PassageEncoder
+    texts = ('the first passage', 'the second passage')
+    encoder, fine_tuned = PassageEncoder(tiny_bert), PassageEncoder(tiny_bert)
+    with torch.no_grad():   # another encoder at the same path: a fine-tuned copy, say
+        for parameter in fine_tuned.model.parameters():
+            parameter.add_(0.1)
+    expected = fine_tuned('q', texts).clone()   # computed, nothing stored
+    fine_tuned._states.clear()
+    encoder.state_cache = fine_tuned.state_cache = tmp_path / 'states'
+    assert not torch.allclose(encoder('q', texts), expected)   # stored first, under the same texts
+    torch.testing.assert_close(fine_tuned('q', texts), expected)
+    assert len(list((tmp_path / 'states').iterdir())) == 2
+
+
 def test_main_job_runs_jpr_from_a_saved_model(tiny_bert, tmp_path):
     from pyterrier_multiquery.experiment.main import main
     from pyterrier_multiquery.loaders import load_dataset

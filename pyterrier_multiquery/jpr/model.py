@@ -8,7 +8,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from pyterrier_multiquery._extras import requires
-from pyterrier_multiquery._files import building
+from pyterrier_multiquery._files import building, encoder_digest
 from pyterrier_multiquery._saved_model import SavedModel, check_saved, read_json, read_training, write_meta
 from pyterrier_multiquery.training.departure import checked_departure
 
@@ -31,7 +31,8 @@ class PassageEncoder(nn.Module):
     Takes an encoder-only checkpoint (such as all-MiniLM-L6-v2) or the encoder of a T5 checkpoint. When frozen,
     the states of a question's candidate list are computed once and remembered, so several decoders (folds,
     ablations) can share one encoder cheaply; with ``state_cache`` set to a folder they are also kept there
-    across runs (one file per candidate list, named by a hash of its texts and ``max_length``).
+    across runs (one file per candidate list, named by a hash of its texts, ``max_length`` and the encoder's weights,
+    so that encoders sharing a folder, MiniLM and a fine-tuned MiniLM say, never read each other's states).
     """
 
     def __init__(self, path: str, *, max_length: int = 256, freeze: bool = True, batch_size: int = 32):
@@ -49,6 +50,7 @@ class PassageEncoder(nn.Module):
         self.model.requires_grad_(not freeze)
         self._states = {}
         self.state_cache: Optional[Path] = None
+        self._weights_digest: Optional[str] = None
 
     def forward(self, question: str, passages: Sequence[str]):
         """States of ``passages`` (in index order) for ``question``: (len(passages), width)."""
@@ -84,7 +86,9 @@ class PassageEncoder(nn.Module):
         """Where a frozen encoder keeps the states of ``texts`` across runs (None without ``state_cache``)."""
         if not self.frozen or self.state_cache is None:
             return None
-        digest = hashlib.sha1(json.dumps([self.max_length, list(texts)]).encode()).hexdigest()
+        if self._weights_digest is None:   # frozen, so computed once
+            self._weights_digest = encoder_digest(self, name=type(self.model).__name__)
+        digest = hashlib.sha1(json.dumps([self._weights_digest, self.max_length, list(texts)]).encode()).hexdigest()
         return Path(self.state_cache) / f'{digest}.npy'
 
     def save_pretrained(self, path: Path) -> None:
