@@ -4,17 +4,18 @@
 
 Collections: RAMDocs (500 questions, one to three answers) and MuSiQue (100 questions, each supporting paragraph its own
 answer), both from the shared data folder. First stage: all-MiniLM-L6-v2, top |B| = ``--candidates`` per question. The
-rerankers share one frozen all-MiniLM-L6-v2 passage encoder (states computed once per question and kept in the cache
-folder); only their decoders train. Per fold, on the other folds' questions,
-:func:`~pyterrier_multiquery.experiment.systems.train_jpr` trains each model and keeps its best epoch (0, the untrained
-model, included) on a fifth of them held out as dev; the test fold is never seen. Systems: MiniLM (its top k), IndepPR +
-prior, JPR + prior decoded with SeqDecode and TreeDecode, and JPR without the prior (TreeDecode, the ablation: the model
-before the prior existed); and stacked on the fine-tuned encoder, MiniLM-FT (MiniLM fine-tuned contrastively on the
-fold's training questions, the fair single-vector baseline: its top k) and MiniLM-FT >> JPR + prior (trained over
-MiniLM-FT's candidates, TreeDecode), tested against MiniLM-FT. Measures on all questions, those with more than one
-answer, and the low-similarity third (the third with the most spread-out target passages by MiniLM cosine distance),
-with a paired bootstrap of each system against MiniLM. Writes ``experiments/results/jpr_ramdocs.{md,json,png}`` (the
-figure: the training curves) and the per-query figures ``jpr_ramdocs_perquery.csv``.
+rerankers over MiniLM share one frozen all-MiniLM-L6-v2 passage encoder, the one over MiniLM-FT reads with MiniLM-FT
+(states computed once per question and encoder, kept in the cache folder); only their decoders train. Per fold, on the
+other folds' questions, :func:`~pyterrier_multiquery.experiment.systems.train_jpr` trains each model and keeps its best
+epoch (0, the untrained model, included) on a fifth of them held out as dev; the test fold is never seen. Systems:
+MiniLM (its top k), IndepPR + prior, JPR + prior decoded with SeqDecode and TreeDecode, and JPR without the prior
+(TreeDecode, the ablation: the model before the prior existed); and stacked on the fine-tuned encoder, MiniLM-FT (MiniLM
+fine-tuned contrastively on the fold's training questions, the fair single-vector baseline: its top k) and MiniLM-FT >>
+JPR + prior (trained over MiniLM-FT's candidates, TreeDecode), tested against MiniLM-FT. Measures on all questions,
+those with more than one answer, and the low-similarity third (the third with the most spread-out target passages by
+MiniLM cosine distance), with a paired bootstrap of each system against MiniLM. Writes
+``experiments/results/jpr_ramdocs.{md,json,png}`` (the figure: the training curves) and the per-query figures
+``jpr_ramdocs_perquery.csv``.
 """
 import json
 import time
@@ -56,7 +57,7 @@ def cross_validate_on(name: str, args) -> dict:
     spec = str(args.data_root / name)
     dataset = load_dataset(spec)
     first_stage = systems.DenseFirstStage(dataset, systems.cache_dir_for(spec, args.cache_dir), verbose=False)
-    states = first_stage.cache_dir / 'jpr_candidate_states' / f'all-MiniLM-L6-v2-{args.max_length}'
+    states = first_stage.cache_dir / 'jpr_candidate_states'   # keyed by the texts, max_length and the encoder
     settings = dict(num_candidates=args.candidates, k=args.k, epochs=args.epochs, dev_fraction=args.dev_fraction,
                     learning_rate=args.learning_rate, gamma=args.gamma, max_length=args.max_length, seed=args.seed)
     curves, seconds = [], {model: [] for model in (*MODELS, STACKED_MODEL)}
@@ -170,8 +171,9 @@ def per_query_table(name: str, result: dict) -> pd.DataFrame:
 
 
 def description(args, total: float) -> str:
-    return (f'First stage all-MiniLM-L6-v2, |B| = {args.candidates}, k = {args.k}; frozen all-MiniLM-L6-v2 passage '
-            f'encoder (max {args.max_length} tokens) shared by every reranker, pointer decoder of 2 layers trained on '
+    return (f'First stage all-MiniLM-L6-v2, |B| = {args.candidates}, k = {args.k}; frozen passage encoder (max '
+            f'{args.max_length} tokens) of each reranker\'s first stage (all-MiniLM-L6-v2 or MiniLM-FT), pointer '
+            f'decoder of 2 layers trained on '
             f'|B|/4 candidates per question (the greedy answer cover and random others) for up to {args.epochs} '
             f'epochs (learning rate {args.learning_rate}, gamma {args.gamma}); the epoch (0 = untrained) chosen on '
             f'{args.dev_fraction:.0%} of each fold\'s training questions; TreeDecode beta = {args.beta}. {args.folds}-'
