@@ -1,6 +1,6 @@
 """Trained methods on collections they never saw: train on RAMDocs, on MuSiQue and on both, test everywhere.
 
-    python experiments/transfer.py [--folds 5] [--skip-in-domain]
+    python experiments/transfer.py [--targets hotpotqa ramdocs musique scifact] [--folds 5] [--skip-in-domain]
 
 Collections (from the shared data folder): RAMDocs (500 questions, one to three answers), MuSiQue (100 questions, each
 supporting paragraph its own answer), HotpotQA-500 (500 distractor questions, each supporting paragraph its own answer;
