@@ -63,25 +63,20 @@ def cross_validate_on(name: str, args) -> dict:
     curves, seconds = [], {model: [] for model in (*MODELS, STACKED_MODEL)}
 
     def fold_systems(fold, train_topics, train_qrels):
+        fine_tuned = systems.train_single_vector(first_stage, train_topics, train_qrels, seed=args.seed,
+                                                 threads=args.threads)
+        fine_tuned_stage = systems.DenseFirstStage(dataset, first_stage.cache, model=fine_tuned, verbose=False)
+        trained = [(model, first_stage, mode) for model, mode in MODELS.items()]
+        trained.append((STACKED_MODEL, fine_tuned_stage, MODELS['JPR + prior']))
         paths = {}
-        for model, mode in MODELS.items():
+        for model, stage, mode in trained:
             start = time.perf_counter()
-            paths[model] = systems.train_jpr(first_stage, dataset, train_topics, train_qrels, state_cache=states,
+            paths[model] = systems.train_jpr(stage, dataset, train_topics, train_qrels, state_cache=states,
                                              **settings, **mode)
             seconds[model].append(time.perf_counter() - start)
             training = json.loads((paths[model] / 'training.json').read_text())   # the record saved with the model
             curves.extend({'collection': name, 'fold': fold, 'model': model, **point}
                           for point in training['history']['curve'])
-        fine_tuned = systems.train_single_vector(first_stage, train_topics, train_qrels, seed=args.seed,
-                                                 threads=args.threads)
-        fine_tuned_stage = systems.DenseFirstStage(dataset, first_stage.cache, model=fine_tuned, verbose=False)
-        start = time.perf_counter()
-        paths[STACKED_MODEL] = systems.train_jpr(fine_tuned_stage, dataset, train_topics, train_qrels,
-                                                 state_cache=states, **settings, **MODELS['JPR + prior'])
-        seconds[STACKED_MODEL].append(time.perf_counter() - start)
-        training = json.loads((paths[STACKED_MODEL] / 'training.json').read_text())
-        curves.extend({'collection': name, 'fold': fold, 'model': STACKED_MODEL, **point}
-                      for point in training['history']['curve'])
 
         def reranked(stage, model, decode):
             return systems.jpr_system(stage, dataset, paths[model], num_candidates=args.candidates, k=args.k,

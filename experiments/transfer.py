@@ -110,6 +110,7 @@ def trained_systems(collection: Collection, train: Collection, topics, qrels, ar
                     FINE_TUNED: stages[FINE_TUNED] if train is collection else over_fine_tuned(train.first_stage)}
     built = {name: stage.retriever() for name, stage in stages.items()}
     chosen = {}
+    states = collection.first_stage.cache_dir / 'jpr_candidate_states'   # keyed by the texts and the encoder
     for first_stage, stage in stages.items():
         amer_name, jpr_name, stacked_name = REFINED[first_stage]
         train_stage = train_stages[first_stage]
@@ -117,12 +118,11 @@ def trained_systems(collection: Collection, train: Collection, topics, qrels, ar
                                                             **TRAINING, **settings))
         jpr = JPRModel.from_pretrained(systems.train_jpr(train_stage, train.dataset, topics, qrels, **TRAINING,
                                                          **settings))
-        states = stage.cache_dir / 'jpr_candidate_states'
 
         def amer_over(model, stage=stage):
             return systems.amer_system(stage, model)
 
-        def reranked(model, stage=stage, states=states, candidates=None):
+        def reranked(model, stage=stage, candidates=None):
             candidates = stage.retriever() if candidates is None else candidates
             return systems.jpr_system(candidates, collection.dataset, model, seed=args.seed, state_cache=states,
                                       verbose=False)
