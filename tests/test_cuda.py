@@ -34,9 +34,10 @@ def test_exact_search_keeps_the_documents_grouped_on_the_gpu(index_and_topics):
     _, vectors, offsets, _ = index.payload()
     docids = np.concatenate([chunk.docids.cpu().numpy() for chunk in groups.chunk_list])
     assert sorted(docids.tolist()) == list(range(len(offsets) - 1))  # every document once
-    for chunk in groups.chunk_list:  # its vectors in bfloat16, then copies of its last
+    for chunk in groups.chunk_list:  # its vectors in float16 (norms below FLOAT16_LIMIT), then copies of its last
+        assert chunk.vectors.dtype == torch.float16
         docid, stored = int(chunk.docids[0]), chunk.vectors[0].float().cpu().numpy()
-        own = torch.from_numpy(np.asarray(vectors[offsets[docid]:offsets[docid + 1]])).bfloat16().float().numpy()
+        own = torch.from_numpy(np.asarray(vectors[offsets[docid]:offsets[docid + 1]])).half().float().numpy()
         np.testing.assert_array_equal(stored[:len(own)], own)
         np.testing.assert_array_equal(stored[len(own):], np.repeat(own[-1:], len(stored) - len(own), axis=0))
 

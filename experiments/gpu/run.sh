@@ -6,7 +6,8 @@
 #                                       clustered-100k ragged-100k clustered-1000k minilm-scifact
 #   carry ['.whl']:                   bash experiments/gpu/run.sh --peers --approximate --workloads clustered-100k
 #                                       clustered-1000k clustered-10000k
-# The CUDA tests of the approximate search (tests/test_cuda.py) run where faiss-cpu was carried (.whl/faiss).
+# The CUDA tests of the approximate search (tests/test_cuda.py) run where faiss-cpu was carried (.whl/faiss);
+# GPU_TESTS=0 skips the tests (a second call on the same machine, its minutes kept for the benchmark).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD"
 out="${OUT:-/tmp/out}" && mkdir -p "$out"
@@ -22,5 +23,5 @@ if [ -d .gpu-data ]; then
 fi
 tests=(tests/test_grouped_search.py tests/test_resident_vectors.py)
 [ -d .whl/faiss ] && tests+=(tests/test_cuda.py)
-timeout 150 python3 -m pytest -q -p no:cacheprovider "${tests[@]}" 2>&1 | tail -15 | tee "$out/tests.log"
+[ "${GPU_TESTS:-1}" = 0 ] || timeout 150 python3 -m pytest -q -p no:cacheprovider "${tests[@]}" 2>&1 | tail -15 | tee "$out/tests.log"
 cd experiments && timeout 420 python3 bench_gpu.py --out "$out/bench_gpu" "${args[@]}" 2>&1 | tee "$out/bench.log"
