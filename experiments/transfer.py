@@ -60,7 +60,8 @@ MEASURES = [MRecall @ 5, MRecall @ 10]
 TRAINING = {'dev_fraction': 0.2, 'choose_epoch': False, 'departure': 'one_se'}
 SOURCES = {'MuSiQue': ('musique',), 'RAMDocs': ('ramdocs',), 'RAMDocs+MuSiQue': ('ramdocs', 'musique')}
 TARGETS = {'hotpotqa': 'HotpotQA-500', 'ramdocs': 'RAMDocs', 'musique': 'MuSiQue', 'scifact': 'SciFact (2+ relevant)'}
-#: The lowest end of the 95 % interval of ΔMRecall@10 against MiniLM allowed on the collections of :data:`LARGE`.
+#: The lowest end of the 95 % interval of a refiner's ΔMRecall@10 against its own first stage allowed on the
+#: collections of :data:`LARGE`.
 FLOOR = -0.02
 #: The collections large enough (about 500 questions) for the interval's part of the floor.
 LARGE = ('RAMDocs', 'HotpotQA-500')
@@ -357,6 +358,9 @@ def main():
                     run_part(parts, source, source, fold, collection, collection, train_qids, test_qids, args)
                     familiar_part(parts, source, source, fold, collection, collection, train_qids, test_qids,
                                   encoder)
+    if parts.frames['scores'].empty:
+        raise SystemExit(f'no stored parts in {parts.paths["scores"]}: --report-only reports the parts of a run '
+                         'written with the same --out')
     report(parts, args, time.perf_counter() - start)
     print(f'wrote {args.out}.md ({time.perf_counter() - start:.0f}s)')
 
