@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Runs on a lent GPU machine, in the repository's root (the device tool's working copy), with the folders of
 # experiments/gpu/prepare.sh carried: installs the carried wheels, runs the CUDA tests, then bench_gpu.py with the
-# arguments given (its report lands in $OUT). For example, one call each:
-#   carry ['.whl/core', '.gpu-data']: bash experiments/gpu/run.sh --workloads clustered-20k ragged-20k dim96-20k
-#                                       clustered-100k ragged-100k clustered-1000k minilm-scifact
-#   carry ['.whl']:                   bash experiments/gpu/run.sh --peers --approximate --workloads clustered-100k
-#                                       clustered-1000k clustered-10000k
+# arguments given (its report lands in $OUT). The two calls of one lent session (about 7 and 5 minutes on an H100,
+# the second on the machine the first left warm):
+#   carry ['.whl']:                   bash experiments/gpu/run.sh --peers --approximate --workloads clustered-1000k
+#                                       clustered-100k ragged-100k clustered-20k dim96-20k ragged-20k
+#   carry ['.whl/core', '.gpu-data']: GPU_TESTS=0 bash experiments/gpu/run.sh --workloads minilm-scifact
+#                                       clustered-10000k
 # The CUDA tests of the approximate search (tests/test_cuda.py) run where faiss-cpu was carried (.whl/faiss);
 # GPU_TESTS=0 skips the tests (a second call on the same machine, its minutes kept for the benchmark).
 set -uo pipefail
