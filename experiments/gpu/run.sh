@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs on a lent GPU machine, in the repository's root (the device tool's working copy), with the folders of
 # experiments/gpu/prepare.sh carried: installs the carried wheels, runs the CUDA tests, then bench_gpu.py with the
-# arguments given (its report lands in $OUT). The two calls of one lent session (about 7 and 5 minutes on an H100,
-# the second on the machine the first left warm):
+# arguments given (its report lands in $OUT). The two calls of one lent session, the second on the machine the first
+# left warm (on an H100 the first took 7 minutes; the second 5 minutes up to its 10M row, which ran out of memory in
+# the benchmark's reference, since fixed, and whose length there is not yet known):
 #   carry ['.whl']:                   bash experiments/gpu/run.sh --peers --approximate --workloads clustered-1000k
 #                                       clustered-100k ragged-100k clustered-20k dim96-20k ragged-20k
 #   carry ['.whl/core', '.gpu-data']: GPU_TESTS=0 bash experiments/gpu/run.sh --workloads minilm-scifact
