@@ -36,6 +36,23 @@ def test_every_screened_product_is_within_the_bound(dtype, dim):
     assert ratio.max() > bound / 100  # the bound is of the size of the errors, not vacuous
 
 
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('aggregate', ['mean', 'sum'])
+def test_each_querys_error_bound_is_the_formula_written_out(dtype, aggregate):
+    rng = np.random.default_rng(11)
+    queries = [wide_range_vectors(rng, count, 16) for count in (1, 3, 2, 5)]  # ragged, norms 1e-3 to 1e6
+    found = exact.screening_errors(queries, 7.5, dtype, aggregate)
+    u32, similarity, underflow = 2.0 ** -24, exact.similarity_error(dtype, 16), exact.UNDERFLOW[dtype]
+    for query, error in zip(queries, found):
+        count, total = len(query), 0.0
+        summed = (1 + count * u32 / (1 - count * u32)) * (1 + u32) ** 2
+        for vector in query.astype(np.float64):
+            norm = float(np.sqrt(vector @ vector))
+            total += ((1 + similarity) * summed - 1) * 7.5 * norm
+            total += summed * (1 + similarity) ** 2 * (underflow * 4.0 * (norm + 7.5) + 16 * underflow ** 2)
+        assert error == pytest.approx(total / count if aggregate == 'mean' else total, rel=1e-12)
+
+
 @pytest.mark.parametrize('aggregate', ['mean', 'sum'])
 def test_queries_of_one_length_are_screened_as_by_the_weights(aggregate):
     rng = np.random.default_rng(5)

@@ -3,7 +3,7 @@ bounded, then float64 scores for the documents the bound cannot rule out.
 
 The screening multiplies in bfloat16 where the device does that faster than float32 (timed once), else in float32,
 with the documents' vectors as rows, so that each document's maximum is an elementwise maximum of consecutive rows.
-Its scores differ from the exact ones by at most :func:`screening_error` of each query (``E``), so once every
+Its scores differ from the exact ones by at most :func:`screening_errors` of each query (``E``), so once every
 document is screened, one whose screened score is below the ``k``-th screened score less ``2E`` cannot be in the
 top ``k`` (``k`` documents have exact scores above the ``k``-th screened less ``E``, and its own is below that). The
 others, about ``k`` a query, get float64 scores (rounded to float32), so that a query's ranking and scores are the
@@ -91,23 +91,27 @@ def underflow_error(dim: int, underflow: float, query_norm, document_norm: float
     return (1 + similarity) ** 2 * (underflow * np.sqrt(dim) * (query_norm + document_norm) + dim * underflow ** 2)
 
 
-def screening_error(query: np.ndarray, max_norm: float, dtype: 'torch.dtype', aggregate: str,
-                    similarity: Optional[float] = None, underflow: Optional[float] = None) -> float:
-    """The most a query's screened MaxSim score can differ from its exact one, against documents whose vectors have
-    norms of at most ``max_norm``: each vector's maximum is off by at most ``similarity`` (default:
+def screening_errors(queries: List[np.ndarray], max_norm: float, dtype: 'torch.dtype', aggregate: str,
+                     similarity: Optional[float] = None, underflow: Optional[float] = None) -> np.ndarray:
+    """The most each query's screened MaxSim score can differ from its exact one, against documents whose vectors
+    have norms of at most ``max_norm``: each vector's maximum is off by at most ``similarity`` (default:
     :func:`similarity_error` of ``dtype``) times the norms, plus :func:`underflow_error` (``underflow``, default:
-    ``dtype``'s), and the float32 sum of the maxima (and the mean's weights) adds ``gamma_Q`` and two roundings."""
+    ``dtype``'s), and the float32 sum of the maxima (and the mean's weights) adds ``gamma_Q`` and two roundings.
+    Computed for all the queries at once (one pass over their vectors, not a loop over queries)."""
     u32 = UNIT_ROUNDOFF[torch.float32]
-    count, dim = query.shape
-    norms = np.linalg.norm(query.astype(np.float64), axis=1)
+    counts = np.array([len(q) for q in queries])
+    vectors = np.concatenate(queries).astype(np.float64)
+    dim = vectors.shape[1]
+    norms = np.sqrt(np.einsum('ij,ij->i', vectors, vectors))
     if similarity is None:
         similarity = similarity_error(dtype, dim)
     if underflow is None:
         underflow = UNDERFLOW[dtype]
-    summed = (1 + count * u32 / (1 - count * u32)) * (1 + u32) ** 2
-    total = ((1 + similarity) * summed - 1) * max_norm * float(norms.sum()) + \
-        summed * float(underflow_error(dim, underflow, norms, max_norm, similarity).sum())
-    return total / count if aggregate == 'mean' else total
+    starts = np.cumsum(counts) - counts
+    summed = (1 + counts * u32 / (1 - counts * u32)) * (1 + u32) ** 2
+    total = ((1 + similarity) * summed - 1) * max_norm * np.add.reduceat(norms, starts) + \
+        summed * np.add.reduceat(underflow_error(dim, underflow, norms, max_norm, similarity), starts)
+    return total / counts if aggregate == 'mean' else total
 
 
 def max_vector_norm(vectors, chunk: int = 1 << 16) -> float:
@@ -130,8 +134,8 @@ class ScreenedBatch:
                  dtype: 'torch.dtype', similarity: Optional[float] = None, underflow: Optional[float] = None):
         """
         Args:
-            similarity: The bound of the screening's inner products (:func:`screening_error`).
-            underflow: The absolute rounding error of its inputs below their normal range (:func:`screening_error`).
+            similarity: The bound of the screening's inner products (:func:`screening_errors`).
+            underflow: The absolute rounding error of its inputs below their normal range (:func:`screening_errors`).
         """
         self.k, self.device, self.dtype = k, device, dtype
         self.queries = queries
@@ -141,8 +145,8 @@ class ScreenedBatch:
         #: ``weights``, about twice as fast), or None.
         self.query_length = int(self.lengths[0]) if (self.lengths == self.lengths[0]).all() else None
         self.aggregate = aggregate
-        self.error = torch.tensor([screening_error(q, max_norm, dtype, aggregate, similarity, underflow)
-                                   for q in queries], dtype=torch.float64, device=device)
+        self.error = torch.from_numpy(screening_errors(queries, max_norm, dtype, aggregate, similarity,
+                                                       underflow)).to(device)
         self.top = torch.empty((len(queries), 0), device=device)  # the k best screened scores so far
         self.pool = []  # (query rows, docids, screened scores) of the documents not ruled out when screened
         self.pooled = 0
