@@ -59,7 +59,10 @@ def test_a_tiny_dry_run_writes_the_report(bench, tmp_path, monkeypatch):
     assert profile.startswith('## ragged-1k: index exact (cpu)')
     line = profile.splitlines()[2].removeprefix('wall ms by phase: ')
     phases = dict(part.rsplit(' ', 1) for part in line.split(', '))
-    assert set(phases) == {'search', 'screen', 'bookkeeping', 'rescore', 'frame'}
+    assert set(phases) == {'search', 'queries', 'bound', 'screen', 'bookkeeping', 'rescore', 'frame', 'other'}
     assert 0 < float(phases['screen']) < float(phases['search'])  # the phases were timed inside the search
+    assert float(phases['other']) == pytest.approx(float(phases['search']) - sum(
+        float(phases[label]) for label in ('queries', 'bound', 'screen', 'bookkeeping', 'rescore', 'frame')), abs=0.02)
+    assert bench.exact.ScreenedBatch.__init__.__module__ == 'pyterrier_multiquery.index.exact'
     for owner, attribute in [(bench.grouped, 'screen'), (bench.maxsim, 'result_frame')]:
         assert getattr(owner, attribute).__module__ != 'bench_gpu'  # the library's own functions, put back
