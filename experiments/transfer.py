@@ -15,11 +15,12 @@ training questions, the other 20 % choosing each one's departure weight from the
 rule (:func:`~pyterrier_multiquery.training.departure.choose_departure`). No weight, epoch or setting is chosen on a
 test fold or a transfer target. Each refiner over MiniLM is also shown at departure 1 (``as trained, λ=1``); the weights
 chosen are listed per model (per fold in domain). ``+ back-off``
-(:class:`~pyterrier_multiquery.training.backoff.BackOff`) gives a question unlike the model's training questions
-MiniLM's ranking instead: unlike, where its MiniLM cosine similarity to its nearest training question is below the 5 %
-quantile of the training questions' own similarities to their nearest other training question (a quantile fixed in
-advance, from the training questions alone). A question goes whole to one system or the other, so its scores are the
-refiner's or MiniLM's, composed per question from the stored scores.
+(:class:`~pyterrier_multiquery.training.backoff.BackOff`, on every refiner) gives a question unlike the model's
+training questions the refiner's first stage's ranking instead (MiniLM's, or MiniLM-FT's): unlike, where its MiniLM
+cosine similarity to its nearest training question is below the 5 % quantile of the training questions' own
+similarities to their nearest other training question (a quantile fixed in advance, from the training questions
+alone). A question goes whole to one system or the other, so its scores are the
+refiner's or its first stage's, composed per question from the stored scores.
 
 Out of domain: a model trained on all of a collection's questions, tested on every collection it never saw. In domain:
 5-fold cross-validation by question (train on four folds, test on the fifth). Each system is compared with the first
@@ -65,8 +66,8 @@ TARGETS = {'hotpotqa': 'HotpotQA-500', 'ramdocs': 'RAMDocs', 'musique': 'MuSiQue
 FLOOR = -0.02
 #: The collections large enough (about 500 questions) for the interval's part of the floor.
 LARGE = ('RAMDocs', 'HotpotQA-500')
-#: The trained refiners (each also shown as trained, and with the back-off).
-REFINERS = ('AMER', 'MiniLM >> JPR')
+#: Each refiner, shown also with the back-off, and the first stage its back-off gives a question to: its own.
+BACKED_OFF = {name: first_stage for first_stage, names in REFINED.items() for name in names}
 
 
 def multi_relevant(dataset, variants=('train', 'test'), minimum: int = 2):
@@ -272,17 +273,18 @@ def familiar_part(parts: Parts, source: str, target: str, fold: int, collection:
 
 
 def backed_off(scores: pd.DataFrame, familiar: pd.DataFrame) -> pd.DataFrame:
-    """``scores`` with each refiner's ``+ back-off`` rows: the refiner's scores of the familiar questions, MiniLM's
-    of the others (a question goes whole to one system)."""
+    """``scores`` with each refiner's ``+ back-off`` rows: the refiner's scores of the familiar questions, its first
+    stage's of the others (MiniLM's, or MiniLM-FT's for the refiners over it; a question goes whole to one system)."""
     keys = ['trained on', 'tested on', 'fold', 'qid']
     flags = scores[keys].merge(familiar[keys + ['familiar']], on=keys, how='left')['familiar']
     if flags.isna().any():
         missing = scores.loc[flags.isna().to_numpy(), keys[:3]].drop_duplicates().to_dict('records')
         raise ValueError(f'no familiar questions stored for the parts {missing}')
     flagged = scores.assign(familiar=flags.astype(bool).to_numpy())
-    first_stage = flagged[(flagged['system'] == 'MiniLM') & ~flagged['familiar']]
-    added = [pd.concat([flagged[(flagged['system'] == name) & flagged['familiar']], first_stage]).assign(
-        system=f'{name} + back-off') for name in REFINERS]
+    present = set(scores['system'])
+    added = [pd.concat([flagged[(flagged['system'] == name) & flagged['familiar']],
+                        flagged[(flagged['system'] == first_stage) & ~flagged['familiar']]]).assign(
+        system=f'{name} + back-off') for name, first_stage in BACKED_OFF.items() if name in present]
     return pd.concat([scores] + [frame.drop(columns='familiar') for frame in added], ignore_index=True)
 
 
