@@ -15,8 +15,8 @@ Systems, each called on all queries at once:
 - reference: plain torch with every stored vector resident on the GPU in float32: one matmul of all query vectors
   against a block of stored vectors (2^20, or fewer where their similarities would pass 2 GiB), each document's
   maximum by a reshape (equal lengths) or ``scatter_reduce`` (ragged), each query's mean by a reshape, a running
-  ``topk``. Made first, so that the index plans its GPU memory around it (on an 80 GB card at 10M documents the
-  index's groups still fit beside it, but not its copy of the stored vectors for the survivors).
+  ``topk``. Made first, so that the index plans its GPU memory around what it leaves (at 10M documents on an 80 GB
+  card the index took 40 GiB before the reference, which then ran out of memory).
 - index exact (cuda): ``index.retriever(device='cuda')``: documents grouped by length on the GPU in float16 (bfloat16
   where a norm reaches 2^15), the fused Triton kernel (products, maxima and sums in registers), the survivors of its
   error bound scored in float64.

@@ -168,14 +168,13 @@ def per_query_table(name: str, result: dict) -> pd.DataFrame:
 def description(args, total: float) -> str:
     return (f'First stage all-MiniLM-L6-v2, |B| = {args.candidates}, k = {args.k}; frozen passage encoder (max '
             f'{args.max_length} tokens) of each reranker\'s first stage (all-MiniLM-L6-v2 or MiniLM-FT), pointer '
-            f'decoder of 2 layers trained on '
-            f'|B|/4 candidates per question (the greedy answer cover and random others) for up to {args.epochs} '
-            f'epochs (learning rate {args.learning_rate}, gamma {args.gamma}); the epoch (0 = untrained) chosen on '
-            f'{args.dev_fraction:.0%} of each fold\'s training questions; TreeDecode beta = {args.beta}. {args.folds}-'
-            f'fold cross-validation by question, stratified by answer count (seed {args.seed}). Prior: logits + w * '
-            f'-log(1 + first-stage rank), w learned from 1, query head from zero, so an untrained model returns the '
-            f'MiniLM order. Total {total:.0f}s on {args.threads} CPU thread(s). Command: '
-            f'`python experiments/jpr_ramdocs.py`.')
+            f'decoder of 2 layers trained on |B|/4 candidates per question (the greedy answer cover and random '
+            f'others) for up to {args.epochs} epochs (learning rate {args.learning_rate}, gamma {args.gamma}); the '
+            f'epoch (0 = untrained) chosen on {args.dev_fraction:.0%} of each fold\'s training questions; TreeDecode '
+            f'beta = {args.beta}. {args.folds}-fold cross-validation by question, stratified by answer count (seed '
+            f'{args.seed}). Prior: logits + w * -log(1 + first-stage rank), w learned from 1, query head from zero, so '
+            f'an untrained model returns the MiniLM order. Total {total:.0f}s on {args.threads} CPU thread(s). '
+            f'Command: `python experiments/jpr_ramdocs.py`.')
 
 
 if __name__ == '__main__':

@@ -19,8 +19,8 @@ chosen are listed per model (per fold in domain). ``+ back-off``
 training questions the refiner's first stage's ranking instead (MiniLM's, or MiniLM-FT's): unlike, where its MiniLM
 cosine similarity to its nearest training question is below the 5 % quantile of the training questions' own
 similarities to their nearest other training question (a quantile fixed in advance, from the training questions
-alone). A question goes whole to one system or the other, so its scores are the
-refiner's or its first stage's, composed per question from the stored scores.
+alone). A question goes whole to one system or the other, so its scores are the refiner's or its first stage's,
+composed per question from the stored scores.
 
 Out of domain: a model trained on all of a collection's questions, tested on every collection it never saw. In domain:
 5-fold cross-validation by question (train on four folds, test on the fifth). Each system is compared with the first
