@@ -61,8 +61,9 @@ def test_a_tiny_dry_run_writes_the_report(bench, tmp_path, monkeypatch):
     phases = dict(part.rsplit(' ', 1) for part in line.split(', '))
     assert set(phases) == {'search', 'queries', 'bound', 'screen', 'bookkeeping', 'rescore', 'frame', 'other'}
     assert 0 < float(phases['screen']) < float(phases['search'])  # the phases were timed inside the search
-    assert float(phases['other']) == pytest.approx(float(phases['search']) - sum(
-        float(phases[label]) for label in ('queries', 'bound', 'screen', 'bookkeeping', 'rescore', 'frame')), abs=0.02)
+    labelled = sum(float(phases[label]) for label in ('queries', 'bound', 'screen', 'bookkeeping', 'rescore', 'frame'))
+    # eight figures printed to 0.01 ms, each off by at most 0.005
+    assert float(phases['other']) == pytest.approx(float(phases['search']) - labelled, abs=8 * 0.005)
     assert bench.exact.ScreenedBatch.__init__.__module__ == 'pyterrier_multiquery.index.exact'
     for owner, attribute in [(bench.grouped, 'screen'), (bench.maxsim, 'result_frame')]:
         assert getattr(owner, attribute).__module__ != 'bench_gpu'  # the library's own functions, put back
