@@ -25,8 +25,8 @@ Systems, each called on all queries at once:
   a grid of ``n_ivf_probe`` x ``n_full_scores``; build seconds, index MiB, peak GPU MiB of the build.
 - index approximate (cuda) (with ``--approximate``, up to ``--approximate-docs`` documents, where FAISS is
   installed): ``index.ann_retriever(device='cuda')`` after its ``calibrate()`` on the card (FAISS on the GPU where
-  it has code for the card, else on the CPU); 'build s' is the FAISS build and the calibration, 'setting' what the
-  calibration chose.
+  it has code for the card, else FAISS's IVF lists searched in torch on the GPU); 'build s' is the FAISS build and
+  the calibration, 'setting' what the calibration chose and where the candidate stage searched.
 
 Rankings beyond ``--cpu-check-docs`` documents (2M: the 10M row) are held to the reference's top 10 instead.
 Timing: one untimed search each, then ``--repeats`` rounds in which every system searches once (the order rotated
@@ -291,6 +291,15 @@ def timed(systems: list, repeats: int) -> dict:
     return results, seconds
 
 
+def candidate_stage_place(index) -> str:
+    """Where the approximate search's candidate stage searched on the run's device: torch, FAISS's GPU index or FAISS
+    on the CPU."""
+    stage = next(stage for key, (_, stage) in index.searchers().searchers[0]._stages.items() if key[-1] == DEVICE)
+    if stage.in_torch:
+        return f'torch IVF on {DEVICE}'
+    return 'FAISS on the GPU' if 'Gpu' in type(stage.ann).__name__ else 'FAISS on the CPU'
+
+
 def plaid_systems(vectors, offsets, queries, work: Path) -> tuple:
     """fast-plaid's systems (one per build and search setting) and each build's time, size and peak GPU memory."""
     from fast_plaid import search
@@ -345,8 +354,9 @@ def run_workload(name: str, args) -> list:
         start = time.perf_counter()
         found = approximate.retriever.calibrate()  # builds the FAISS stage too
         approximate.build_s = time.perf_counter() - start
-        approximate.setting = 'exact search' if found.candidates is None else \
-            f'{found.candidates} candidates, effort {found.search_effort}'
+        approximate.setting = ('exact search' if found.candidates is None else
+                               f'{found.candidates} candidates, effort {found.search_effort}') + \
+            f'; candidate stage: {candidate_stage_place(index)}'
         systems.append(approximate)
     results, seconds = timed(systems, args.repeats)
     with open(f'{args.out}_profile.txt', 'a') as f:

@@ -17,6 +17,17 @@ def resolve_device(device: Optional[str] = None) -> str:
     return 'cuda' if torch.cuda.is_available() else 'cpu'
 
 
+def fits_on_device(nbytes: int, device: str) -> bool:
+    """Whether stored vectors of ``nbytes`` stay resident on ``device`` between searches: on a GPU whose free memory
+    is at least twice their size (the other half left to the searches' working memory), never on the CPU, which
+    reads them from the memory-mapped file as the page cache allows."""
+    if not device.startswith('cuda'):
+        return False
+    import torch
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    return 2 * nbytes <= free
+
+
 @contextmanager
 def cpu_threads(threads: Optional[int], *, with_faiss: bool = False) -> Iterator[int]:
     """Runs the block with torch, and FAISS's OpenMP with ``with_faiss``, on ``threads`` CPU threads; both get back

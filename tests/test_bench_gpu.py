@@ -50,7 +50,8 @@ def test_a_tiny_dry_run_writes_the_report(bench, tmp_path, monkeypatch):
                                            'index approximate (cpu)', 'index exact (cpu, every thread)']
     approximate = rows[2]
     assert approximate['recall@10'] >= 0.9 and approximate['build s'] > 0
-    assert approximate['setting'] == 'exact search' or 'candidates, effort' in approximate['setting']
+    setting, place = approximate['setting'].split('; candidate stage: ')
+    assert (setting == 'exact search' or 'candidates, effort' in setting) and place == 'FAISS on the CPU'
     grouped = rows[1]
     assert grouped['same order'] == 1.0 and grouped['max |Δscore|'] == 0.0  # the CPU's rankings and scores
     assert grouped['checked against'] == 'index exact (cpu)' and grouped['host GiB (streamed)'] == 0

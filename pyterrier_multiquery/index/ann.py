@@ -11,6 +11,7 @@ from typing import Optional, Tuple
 import numpy as np
 import pyterrier as pt
 
+from pyterrier_multiquery._device import fits_on_device
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import file_sha256, remove_stale
 from pyterrier_multiquery.index.errors import CorruptIndexError, IndexReplacedError
@@ -210,9 +211,9 @@ def _read_stamp(file) -> Optional[dict]:
 
 
 class CandidateStage:
-    """The candidate stage of approximate MaxSim over one index or shard: its FAISS index, searched for every query
-    vector at a given effort (one copy in memory for every effort); :func:`merge_hits` merges the hits of several
-    shards."""
+    """The candidate stage of approximate MaxSim over one index or shard: its FAISS index (or, on a GPU that FAISS
+    cannot search on, its IVF lists in torch: :class:`~.device_ivf.DeviceIVF`), searched for every query vector at a
+    given effort (one copy in memory for every effort); :func:`merge_hits` merges the hits of several shards."""
 
     def __init__(self, shard, kind: str, quantizer: Optional[str], device: str, *, first: int = 0,
                  payload=None):
@@ -221,7 +222,8 @@ class CandidateStage:
             shard: The :class:`MultiVectorIndex`.
             kind: FAISS index kind (as :func:`faiss_factory`).
             quantizer: FAISS storage (as :func:`faiss_factory`).
-            device: Where FAISS searches (a GPU with faiss-gpu, else the CPU).
+            device: Where the stage searches: a GPU (FAISS's GPU index where FAISS has GPU support, else an IVF
+                stage in torch, :func:`searched_in_torch`; HNSW and a flat stage stay on the CPU), or the CPU.
             first: The docid of the shard's first document in its sharded index.
             payload: ``shard.payload()``, where the caller has it (the FAISS index is then of that very build).
         """
@@ -233,7 +235,13 @@ class CandidateStage:
         self.vector_docs = np.append(np.repeat(docids, counts), docids.dtype.type(-1))
         self.first = first
         self.kind = kind
-        self.ann = to_device(load_or_build(shard, kind, quantizer, payload=payload), device)
+        ann = load_or_build(shard, kind, quantizer, payload=payload)
+        self.in_torch = searched_in_torch(kind, device, payload[1])
+        if self.in_torch:
+            from pyterrier_multiquery.index.device_ivf import DeviceIVF
+            self.ann = DeviceIVF(ann, payload[1], device)
+        else:
+            self.ann = to_device(ann, device)
         self.lock = threading.Lock()   # the effort is the FAISS index's own setting, set for each search
 
     def search(self, vectors: np.ndarray, k: int, search_effort: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -247,9 +255,12 @@ class CandidateStage:
         Returns:
             ``(n, k)`` scores (-inf where fewer than ``k`` vectors were found) and docids (``first`` on; -1 there).
         """
-        with self.lock:
-            set_search_effort(self.ann, self.kind, search_effort)
-            found, hits = self.ann.search(vectors, k)
+        if self.in_torch:  # a DeviceIVF: the lists probed are an argument of its search, not a setting
+            found, hits = self.ann.search(vectors, k, search_effort)
+        else:
+            with self.lock:
+                set_search_effort(self.ann, self.kind, search_effort)
+                found, hits = self.ann.search(vectors, k)
         return (np.where(hits >= 0, found, -np.inf).astype(np.float32),
                 np.where(hits >= 0, self.vector_docs[hits].astype(np.int64) + self.first, -1))
 
@@ -270,13 +281,28 @@ def merge_hits(parts, k: int) -> Tuple[np.ndarray, np.ndarray]:
             np.take_along_axis(np.concatenate([docids for _, docids in parts], axis=1), best, axis=1))
 
 
+def faiss_gpus() -> int:
+    """The GPUs FAISS can search on: none where it was built without GPU support."""
+    with requires('dense'):
+        import faiss
+    return faiss.get_num_gpus() if hasattr(faiss, 'index_cpu_to_gpu') else 0
+
+
+def searched_in_torch(kind: str, device: str, vectors: np.ndarray) -> bool:
+    """Whether an ANN stage of ``kind`` over ``vectors`` is searched in torch on ``device``
+    (:class:`~.device_ivf.DeviceIVF`): an IVF stage on a GPU that FAISS cannot search on, where a 16-bit copy of the
+    vectors fits twice in the GPU's free memory (else FAISS searches it on the CPU)."""
+    if kind != 'ivf' or not device.startswith('cuda') or faiss_gpus() > 0:
+        return False
+    return fits_on_device(2 * vectors.shape[0] * vectors.shape[1], device)
+
+
 def to_device(ann, device: str):
     """Moves a FAISS index to the GPU when ``device`` is CUDA, FAISS was built with GPU support and has a GPU version
     of the index (IVF and flat; HNSW stays on the CPU)."""
     with requires('dense'):
         import faiss
-    if (device.startswith('cuda') and hasattr(faiss, 'index_cpu_to_gpu') and faiss.get_num_gpus() > 0
-            and not isinstance(ann, faiss.IndexHNSW)):
+    if device.startswith('cuda') and faiss_gpus() > 0 and not isinstance(ann, faiss.IndexHNSW):
         gpu = int(device.split(':')[1]) if ':' in device else 0
         return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), gpu, ann)
     return ann

@@ -10,6 +10,7 @@ from typing import List, Optional
 import numpy as np
 import pyterrier as pt
 
+from pyterrier_multiquery._device import fits_on_device
 from pyterrier_multiquery._extras import requires
 
 from pyterrier_multiquery.index.errors import IndexReplacedError
@@ -28,16 +29,6 @@ RESIDENT_CHUNK = 1 << 20
 def uses_length_groups(device: str) -> bool:
     """Whether exact search on ``device`` screens the documents grouped by length (:mod:`.grouped`): on a GPU."""
     return device.startswith('cuda')
-
-
-def fits_on_device(nbytes: int, device: str) -> bool:
-    """Whether stored vectors of ``nbytes`` stay resident on ``device`` between searches: on a GPU whose free memory
-    is at least twice their size (the other half left to the searches' working memory), never on the CPU, which
-    reads them from the memory-mapped file as the page cache allows."""
-    if not device.startswith('cuda'):
-        return False
-    free, _ = torch.cuda.mem_get_info(torch.device(device))
-    return 2 * nbytes <= free
 
 
 class ShardSearcher:
