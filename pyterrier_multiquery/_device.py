@@ -23,7 +23,8 @@ def fits_on_device(nbytes: int, device: str) -> bool:
     reads them from the memory-mapped file as the page cache allows."""
     if not device.startswith('cuda'):
         return False
-    import torch
+    with requires('dense'):
+        import torch
     free, _ = torch.cuda.mem_get_info(torch.device(device))
     return 2 * nbytes <= free
 
