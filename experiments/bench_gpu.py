@@ -26,7 +26,11 @@ Systems, each called on all queries at once:
 - index approximate (cuda) (with ``--approximate``, up to ``--approximate-docs`` documents, where FAISS is
   installed): ``index.ann_retriever(device='cuda')`` after its ``calibrate()`` on the card (FAISS on the GPU where
   it has code for the card, else FAISS's IVF lists searched in torch on the GPU); 'build s' is the FAISS build and
-  the calibration, 'setting' what the calibration chose and where the candidate stage searched.
+  the calibration, 'setting' what the calibration chose and where the candidate stage searched; with
+  ``--approximate-candidates``, also at those candidate counts, at the calibrated search effort.
+
+At matched recall (workloads with fast-plaid): for recall@10 0.95 and 0.99, the fastest search of the index on the
+GPU (exact or approximate) and of fast-plaid that reaches it, and the ratio of their queries/s.
 
 Rankings beyond ``--cpu-check-docs`` documents (2M: the 10M row) are held to the reference's top 10 instead.
 Timing: one untimed search each, then ``--repeats`` rounds in which every system searches once (the order rotated
@@ -64,6 +68,8 @@ WORKLOADS = ['clustered-20k', 'ragged-20k', 'dim96-20k', 'clustered-100k', 'ragg
 PEER_WORKLOADS = ('clustered-100k', 'clustered-1000k')
 PLAID_BUILDS = [{'nbits': 4}, {'nbits': 8}]
 PLAID_SEARCHES = [{'n_ivf_probe': p, 'n_full_scores': f} for p, f in ((8, 1024), (8, 4096), (32, 8192), (64, 16384))]
+#: The recall@10 targets at which the index and fast-plaid are compared (issue 46, item 3).
+MATCHED_RECALL = (0.95, 0.99)
 
 
 def synchronize():
@@ -358,6 +364,10 @@ def run_workload(name: str, args) -> list:
                                f'{found.candidates} candidates, effort {found.search_effort}') + \
             f'; candidate stage: {candidate_stage_place(index)}'
         systems.append(approximate)
+        systems += [IndexSearch(f'index approximate ({DEVICE}, {count} candidates, effort {found.search_effort})',
+                                index.ann_retriever(device=DEVICE, num_results=K, candidates=count,
+                                                    search_effort=found.search_effort), topics)
+                    for count in args.approximate_candidates]
     results, seconds = timed(systems, args.repeats)
     with open(f'{args.out}_profile.txt', 'a') as f:
         f.write(profile(cuda, name))
@@ -403,6 +413,9 @@ def main():
     parser.add_argument('--approximate-docs', type=int, default=100_000,
                         help='the approximate search on workloads of at most this many documents (its FAISS build and '
                              'calibration run on the CPU where FAISS has no GPU code for the card)')
+    parser.add_argument('--approximate-candidates', type=int, nargs='*', default=[],
+                        help='with --approximate, the approximate search also at these candidate counts, at the '
+                             'calibrated search effort (the points of the matched-recall comparison)')
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--device', default='cuda', help='cpu: a dry run of the script on small workloads')
     parser.add_argument('--cpu-check-docs', type=int, default=2_000_000,
@@ -434,15 +447,39 @@ def main():
     print(f'bfloat16 peaks: {peaks} TFLOP/s; {time.perf_counter() - started:.0f} s in all')
 
 
+def matched_recall(table: pd.DataFrame) -> pd.DataFrame:
+    """For each workload with fast-plaid rows and each recall@10 target of :data:`MATCHED_RECALL`: the fastest search
+    of the index on the run's device (exact or approximate) and of fast-plaid reaching the target, and the ratio of
+    their queries/s (empty where neither reaches it)."""
+    rows = []
+    for name, group in table.groupby('workload', sort=False):
+        family = group['system'].map(lambda system: 'fast-plaid' if system.startswith('fast-plaid') else
+                                     'index' if system.startswith('index') and 'every thread' not in system else '')
+        if not (family == 'fast-plaid').any():
+            continue
+        for target in MATCHED_RECALL:
+            row = {'workload': name, 'recall@10 at least': target}
+            for kind in ('index', 'fast-plaid'):
+                reaching = group[(family == kind) & (group['recall@10'] >= target)]
+                best = reaching.loc[reaching['queries/s'].idxmax()] if len(reaching) else None
+                row[kind] = None if best is None else best['system']
+                row[f'{kind} q/s'] = None if best is None else best['queries/s']
+            row['index / fast-plaid'] = row['index q/s'] / row['fast-plaid q/s'] \
+                if row['index q/s'] and row['fast-plaid q/s'] else None
+            rows.append(row)
+    return pd.DataFrame(rows, columns=['workload', 'recall@10 at least', 'index', 'index q/s', 'fast-plaid',
+                                       'fast-plaid q/s', 'index / fast-plaid'])
+
+
 def report(args, rows: list, peaks: list, machine: str, started: float) -> pd.DataFrame:
     """Writes the report of the rows so far (a run cut short keeps its finished workloads); returns the table."""
     table = pd.DataFrame(rows)
     table['% bf16 peak'] = 100 * table['TFLOP/s'] / max(peaks)
     write_report(args.out, 'The index on a GPU against plain torch and fast-plaid', __doc__.split('\n\n', 2)[2] +
                  f'\n\nMachine: {machine}; bfloat16 peaks {", ".join(f"{p:.0f}" for p in peaks)} TFLOP/s.',
-                 {'Exact search': table}, extra={'machine': machine, 'bf16 peaks TFLOP/s': peaks,
-                                                 'seconds': time.perf_counter() - started,
-                                                 'args': {k: str(v) for k, v in vars(args).items()}})
+                 {'Exact search': table, 'At matched recall': matched_recall(table)},
+                 extra={'machine': machine, 'bf16 peaks TFLOP/s': peaks, 'seconds': time.perf_counter() - started,
+                        'args': {k: str(v) for k, v in vars(args).items()}})
     print(table[table['workload'] == rows[-1]['workload']].to_string(index=False, float_format='%.4g'), flush=True)
     return table
 

@@ -43,11 +43,15 @@ def test_a_tiny_dry_run_writes_the_report(bench, tmp_path, monkeypatch):
     monkeypatch.setenv('PYTERRIER_MULTIQUERY_CALIBRATIONS', str(tmp_path / 'calibrations'))
     monkeypatch.setattr(sys, 'argv', ['bench_gpu.py', '--device', 'cpu', '--workloads', 'ragged-1k', '--repeats', '1',
                                       '--cpu-check-docs', '2000', '--work-dir', str(tmp_path / 'work'),
-                                      '--out', str(out), '--approximate'])
+                                      '--out', str(out), '--approximate', '--approximate-candidates', '16'])
     bench.main()
-    rows = json.loads(out.with_suffix('.json').read_text())['tables']['Exact search']
+    tables = json.loads(out.with_suffix('.json').read_text())['tables']
+    rows = tables['Exact search']
+    effort = rows[3]['system'].split('effort ')[-1].rstrip(')')
     assert [r['system'] for r in rows] == ['reference (torch, float32, resident)', 'index exact (cpu)',
-                                           'index approximate (cpu)', 'index exact (cpu, every thread)']
+                                           'index approximate (cpu)', f'index approximate (cpu, 16 candidates, '
+                                           f'effort {effort})', 'index exact (cpu, every thread)']
+    assert int(effort) > 0 and tables['At matched recall'] == []  # no fast-plaid rows to match
     approximate = rows[2]
     assert approximate['recall@10'] >= 0.9 and approximate['build s'] > 0
     setting, place = approximate['setting'].split('; candidate stage: ')
@@ -68,3 +72,20 @@ def test_a_tiny_dry_run_writes_the_report(bench, tmp_path, monkeypatch):
     assert bench.exact.ScreenedBatch.__init__.__module__ == 'pyterrier_multiquery.index.exact'
     for owner, attribute in [(bench.grouped, 'screen'), (bench.maxsim, 'result_frame')]:
         assert getattr(owner, attribute).__module__ != 'bench_gpu'  # the library's own functions, put back
+
+
+def test_matched_recall_takes_the_fastest_of_each_family_reaching_each_target(bench):
+    import pandas as pd
+    table = pd.DataFrame({'workload': ['w'] * 6 + ['v'] * 2, 'system': [
+        'reference (torch, float32, resident)', 'index exact (cuda)', 'index approximate (cuda, 64 candidates)',
+        'fast-plaid (nbits=4)', 'fast-plaid (nbits=8)', 'index exact (cpu, every thread)',
+        'reference (torch, float32, resident)', 'index exact (cuda)'],
+        'queries/s': [900., 100., 400., 300., 50., 10., 1., 1.], 'recall@10': [1., 1., 0.96, 0.97, 0.995, 1., 1., 1.]})
+    found = bench.matched_recall(table)
+    # at 0.95: the approximate search (400) against fast-plaid's 4 bits (300); at 0.99: exact (100) against 8 bits
+    # (50); the reference and the CPU's exact search are in neither family; workload v has no fast-plaid rows
+    assert found.to_dict('list') == {
+        'workload': ['w', 'w'], 'recall@10 at least': [0.95, 0.99],
+        'index': ['index approximate (cuda, 64 candidates)', 'index exact (cuda)'], 'index q/s': [400., 100.],
+        'fast-plaid': ['fast-plaid (nbits=4)', 'fast-plaid (nbits=8)'], 'fast-plaid q/s': [300., 50.],
+        'index / fast-plaid': [400 / 300, 2.0]}

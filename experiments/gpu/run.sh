@@ -4,15 +4,17 @@
 # arguments given (its report lands in $OUT). The two calls of one lent session, the second on the machine the first
 # left warm (on an H100 the first took 7 minutes; the second 5 minutes up to its 10M row, which ran out of memory in
 # the benchmark's reference, since fixed, and whose length there is not yet known):
-#   carry ['.whl']:                   bash experiments/gpu/run.sh --peers --approximate --workloads clustered-1000k
-#                                       clustered-100k ragged-100k clustered-20k dim96-20k ragged-20k
+#   carry ['.whl']:                   bash experiments/gpu/run.sh --peers --approximate --approximate-candidates 64 256
+#                                       1024 --workloads clustered-1000k clustered-100k ragged-100k clustered-20k
+#                                       dim96-20k ragged-20k
 #   carry ['.whl/core', '.gpu-data']: GPU_TESTS=0 bash experiments/gpu/run.sh --workloads minilm-scifact
 #                                       clustered-10000k
 # Issue 46's item 3 at a million documents (the FAISS build on the machine's CPU, then the IVF lists searched in torch
 # on the GPU and calibrated there; not yet timed), on the same warm machine where minutes are left, else first in the
 # next lent session:
-#   carry ['.whl']:                   GPU_TESTS=0 bash experiments/gpu/run.sh --approximate --approximate-docs 1000000
-#                                       --workloads clustered-1000k
+#   carry ['.whl']:                   GPU_TESTS=0 bash experiments/gpu/run.sh --peers --approximate --approximate-docs
+#                                       1000000 --approximate-candidates 64 256 1024 --workloads clustered-1000k
+# (the report's "At matched recall" table compares the index with fast-plaid at recall@10 0.95 and 0.99).
 # The CUDA tests of the approximate search (tests/test_cuda.py) run where faiss-cpu was carried (.whl/faiss);
 # GPU_TESTS=0 skips the tests (a second call on the same machine, its minutes kept for the benchmark).
 set -uo pipefail

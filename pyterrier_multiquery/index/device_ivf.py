@@ -93,17 +93,16 @@ class DeviceIVF:
         ends = self._sizes[probes].cumsum(dim=1)
         width = max(1, int(ends[:, -1].max()) if len(queries) else 1)
         step = max(1, TILE_BYTES // (width * self.members.shape[1] * self.members.element_size()))
-        found = np.full((len(queries), k), -np.inf, dtype=np.float32)
-        hits = np.full((len(queries), k), -1, dtype=np.int64)
-        for start in range(0, len(queries), step):
+        found = torch.full((len(queries), k), -torch.inf, device=self.device)
+        hits = torch.full((len(queries), k), -1, dtype=torch.int64, device=self.device)
+        for start in range(0, len(queries), step):  # the tiles' results stay on the device: one copy back
             rows = slice(start, start + step)
             scores, positions = self._members_scored(queries[rows], probes[rows], ends[rows])
             best = scores.topk(min(k, scores.shape[1]), dim=1)
-            kept = torch.isfinite(best.values)
-            found[rows, :best.values.shape[1]] = best.values.cpu().numpy()
+            found[rows, :best.values.shape[1]] = best.values
             hits[rows, :best.values.shape[1]] = torch.where(
-                kept, self._order[positions.gather(1, best.indices)], -1).cpu().numpy()
-        return found, hits
+                torch.isfinite(best.values), self._order[positions.gather(1, best.indices)], -1)
+        return found.cpu().numpy(), hits.cpu().numpy()
 
     def _members_scored(self, queries, probes, ends) -> Tuple['torch.Tensor', 'torch.Tensor']:
         """The inner products of each query vector with the members of its probed lists, padded with -inf to the
