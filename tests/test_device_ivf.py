@@ -30,7 +30,7 @@ def test_hits_worked_out_by_hand():
     # list 0 around (1, 0): vectors 0 and 2; list 1 around (0, 1): vectors 1 and 3
     centroids = np.array([[1, 0], [0, 1]], dtype=np.float32)
     vectors = np.array([[1, 0.1], [0.2, 1], [0.9, -0.1], [-0.1, 0.8]], dtype=np.float32)
-    stage = DeviceIVF(ivf_with_centroids(centroids, vectors), vectors, 'cpu')
+    stage = DeviceIVF(ivf_with_centroids(centroids, vectors), vectors, 'cpu', 2.0)
     assert stage.sizes.tolist() == [2, 2]
     query = np.array([[1, 0.5]], dtype=np.float32)  # nearer list 0 (1 against 0.5)
     scores, hits = stage.search(query, 3, 1)
@@ -63,7 +63,7 @@ def test_hits_are_the_best_members_of_the_probed_lists(storage, nprobe, monkeypa
     index = ivf_with_centroids(centroids, vectors, storage)
     _, assignment = index.quantizer.search(vectors, 1)
     monkeypatch.setattr(device_ivf, 'TILE_BYTES', 12 * 4 * 200)  # a few query vectors a tile
-    scores, hits = DeviceIVF(index, vectors, 'cpu').search(queries, 25, nprobe)
+    scores, hits = DeviceIVF(index, vectors, 'cpu', 10.0).search(queries, 25, nprobe)
     # scored from the stored vectors, not from the 8-bit codes: the same hits whatever the storage
     np.testing.assert_array_equal(hits, probed_brute_force(centroids, assignment[:, 0], vectors, queries, 25, nprobe))
     expected = np.where(hits >= 0, np.einsum('qd,qkd->qk', queries, vectors[hits]), -np.inf)  # -1: none found
@@ -77,7 +77,7 @@ def test_probing_every_list_finds_the_nearest_vectors():
     index.train(vectors)
     index.add(vectors)
     queries = rng.normal(size=(30, 16)).astype(np.float32)
-    _, hits = DeviceIVF(index, vectors, 'cpu').search(queries, 10, 50)  # more probes than lists: all of them
+    _, hits = DeviceIVF(index, vectors, 'cpu', 10.0).search(queries, 10, 50)  # more probes than lists: all of them
     np.testing.assert_array_equal(hits, np.argsort(-(queries @ vectors.T), axis=1, kind='stable')[:, :10])
 
 
@@ -85,7 +85,7 @@ def test_lists_of_other_vectors_are_refused():
     centroids = np.eye(2, dtype=np.float32)
     index = ivf_with_centroids(centroids, np.eye(2, dtype=np.float32))
     with pytest.raises(CorruptIndexError, match='not each of the 3 stored vectors once'):
-        DeviceIVF(index, np.ones((3, 2), dtype=np.float32), 'cpu')
+        DeviceIVF(index, np.ones((3, 2), dtype=np.float32), 'cpu', 1.5)
 
 
 def test_torch_is_chosen_for_an_ivf_stage_on_a_gpu_that_faiss_cannot_search_on(monkeypatch):
@@ -118,3 +118,25 @@ def test_the_approximate_search_through_the_torch_stage_ranks_as_through_faiss(t
     through_torch = index.ann_retriever(**setting)(topics)
     assert [type(stage.ann) for _, stage in stages.values()] == [DeviceIVF]
     pd.testing.assert_frame_equal(through_torch, through_faiss)
+
+
+def test_the_16_bit_format_follows_the_largest_norm_on_a_gpu_only():
+    import torch
+    assert device_ivf.stored_dtype('cuda', 1.0) == torch.float16
+    assert device_ivf.stored_dtype('cuda:1', 2.0 ** 16) == torch.bfloat16  # float16 tops out at 65,504
+    assert device_ivf.stored_dtype('cpu', 1.0) == torch.float32
+
+
+def test_products_beyond_float16s_range_keep_their_ranking_and_scores(monkeypatch):
+    import torch
+    rng = np.random.default_rng(1)
+    centroids = rng.normal(size=(4, 8)).astype(np.float32)
+    vectors = (100 * (centroids[rng.integers(0, 4, 300)] + rng.normal(size=(300, 8)))).astype(np.float32)
+    queries = (1e4 * rng.normal(size=(20, 8))).astype(np.float32)  # products up to about 1e7: inf in float16
+    index = ivf_with_centroids(centroids, vectors)
+    expected_scores, expected = DeviceIVF(index, vectors, 'cpu', 1e3).search(queries, 5, 2)
+    monkeypatch.setattr(device_ivf, 'stored_dtype', lambda device, max_norm: torch.float16)  # a GPU's format
+    scores, hits = DeviceIVF(index, vectors, 'cpu', 1e3).search(queries, 5, 2)
+    assert np.isfinite(scores).all()
+    assert (hits == expected).mean() > 0.95  # float16 may swap near ties
+    np.testing.assert_allclose(scores, expected_scores, rtol=2e-3)

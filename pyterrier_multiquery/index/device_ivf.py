@@ -7,8 +7,11 @@ copied to the device once, in list order, so that a probed list is one contiguou
 elsewhere). A search scores each query vector against every centroid and probes its ``nprobe`` best lists. It then
 gathers their members into one padded tile of query vectors and scores them with one batched product, keeping the
 ``k`` best. The members are scored from the stored vectors, not from the FAISS codes, so the hits are those of
-FAISS's IVF-Flat search at the same ``nprobe``, whatever the FAISS storage (up to ties, and on a GPU up to float16's
-rounding).
+FAISS's IVF-Flat search at the same ``nprobe``, whatever the FAISS storage (up to ties, and on a GPU up to the 16-bit
+rounding). On a GPU the members are float16 where every stored vector's norm is below
+:data:`~.grouped.FLOAT16_LIMIT`, else bfloat16 (as the exact search's groups, :func:`~.grouped.group_dtype`), and
+each query vector is scaled to unit norm for the product (its ranking of the members is the same) and its scores
+scaled back, so that no product leaves the 16-bit range.
 
 Memory: the device holds the centroids and one 16-bit copy of the shard's stored vectors (2 bytes a dimension a
 vector), plus a working tile of at most :data:`TILE_BYTES`.
@@ -19,6 +22,7 @@ import numpy as np
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.index.errors import CorruptIndexError
+from pyterrier_multiquery.index.grouped import group_dtype
 
 with requires('dense'):
     import torch
@@ -29,10 +33,11 @@ TILE_BYTES = 256 << 20
 COPY_ROWS = 1 << 20
 
 
-def stored_dtype(device: str) -> 'torch.dtype':
-    """The format of the list members on ``device``: float16 on a GPU (half the memory, tensor cores), float32
-    elsewhere (a CPU multiplies float16 slowly)."""
-    return torch.float16 if str(device).startswith('cuda') else torch.float32
+def stored_dtype(device: str, max_norm: float) -> 'torch.dtype':
+    """The format of the list members on ``device``, for stored vectors of norms at most ``max_norm``: 16 bits on a
+    GPU (half the memory, tensor cores; :func:`~.grouped.group_dtype`), float32 elsewhere (a CPU multiplies 16-bit
+    formats slowly)."""
+    return group_dtype(max_norm) if str(device).startswith('cuda') else torch.float32
 
 
 class DeviceIVF:
@@ -43,12 +48,13 @@ class DeviceIVF:
         order: ``(vectors,)`` the stored vector of each position of the list-ordered copy.
     """
 
-    def __init__(self, ann, vectors: np.ndarray, device: str):
+    def __init__(self, ann, vectors: np.ndarray, device: str, max_norm: float):
         """
         Args:
             ann: A FAISS IVF index (any storage) over ``vectors``, in their order.
             vectors: ``(vectors, dim)`` the stored vectors (a memory map may be given: it is read in list order).
             device: Where the lists are kept and searched.
+            max_norm: The largest norm of the stored vectors (it sets their 16-bit format on a GPU).
 
         Raises:
             CorruptIndexError: If the IVF lists do not hold each stored vector exactly once.
@@ -67,7 +73,8 @@ class DeviceIVF:
                 not np.array_equal(np.bincount(self.order, minlength=len(vectors)), np.ones(len(vectors))):
             raise CorruptIndexError(f'the IVF lists hold {len(self.order):,} entries, not each of the '
                                     f'{len(vectors):,} stored vectors once: its FAISS file is not of these vectors')
-        self.members = torch.empty((len(vectors), vectors.shape[1]), dtype=stored_dtype(device), device=device)
+        self.members = torch.empty((len(vectors), vectors.shape[1]), dtype=stored_dtype(device, max_norm),
+                                   device=device)
         for start in range(0, len(vectors), COPY_ROWS):
             rows = self.order[start:start + COPY_ROWS]
             self.members[start:start + len(rows)] = torch.from_numpy(
@@ -90,6 +97,8 @@ class DeviceIVF:
         """
         queries = torch.from_numpy(np.ascontiguousarray(vectors, dtype=np.float32)).to(self.device)
         probes = (queries @ self.centroids.T).topk(min(nprobe, self.nlist), dim=1).indices
+        norms = queries.norm(dim=1, keepdim=True)
+        units = queries / torch.where(norms > 0, norms, 1)  # each vector's ranking as its own, in the 16-bit range
         ends = self._sizes[probes].cumsum(dim=1)
         width = max(1, int(ends[:, -1].max()) if len(queries) else 1)
         step = max(1, TILE_BYTES // (width * self.members.shape[1] * self.members.element_size()))
@@ -97,9 +106,9 @@ class DeviceIVF:
         hits = torch.full((len(queries), k), -1, dtype=torch.int64, device=self.device)
         for start in range(0, len(queries), step):  # the tiles' results stay on the device: one copy back
             rows = slice(start, start + step)
-            scores, positions = self._members_scored(queries[rows], probes[rows], ends[rows])
+            scores, positions = self._members_scored(units[rows], probes[rows], ends[rows])
             best = scores.topk(min(k, scores.shape[1]), dim=1)
-            found[rows, :best.values.shape[1]] = best.values
+            found[rows, :best.values.shape[1]] = best.values * norms[rows]
             hits[rows, :best.values.shape[1]] = torch.where(
                 torch.isfinite(best.values), self._order[positions.gather(1, best.indices)], -1)
         return found.cpu().numpy(), hits.cpu().numpy()
