@@ -3,7 +3,7 @@
 FAISS's GPU indexes need a FAISS built for the card; where there is none, the IVF stage would stay on the CPU while
 the rest of the search runs on the GPU. :class:`DeviceIVF` takes the centroids and the lists of the FAISS IVF index
 (built and cached as any other, :func:`~.ann.load_or_build`) and searches them in torch. The stored vectors are
-copied to the device once, in list order, so that a probed list is one contiguous slice (float16 on a GPU, float32
+copied to the device once, in list order, so that a probed list is one contiguous slice (16 bits on a GPU, float32
 elsewhere). A search scores each query vector against every centroid and probes its ``nprobe`` best lists. It then
 gathers their members into one padded tile of query vectors and scores them with one batched product, keeping the
 ``k`` best. The members are scored from the stored vectors, not from the FAISS codes, so the hits are those of
