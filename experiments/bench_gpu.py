@@ -40,10 +40,11 @@ it by the bfloat16 matmul peak of an 8192^3 product measured at the start and en
 each system's top 10 against index exact on the CPU: the share of queries in the same order, recall@10, and the
 largest score difference on shared docnos. Writes ``--out`` .md/.json after each workload.
 
-Profile: one more search of the index on the GPU under ``torch.profiler``, its phases labelled and timed (queries:
-the query tensors; bound: each query's error bound; screen: the kernel launches; bookkeeping: the running top k and
-survivors; rescore: the survivors' float64 scores; frame: the result frame; other: the rest of the search, the query
-frame's checks among it; each to the device's end of its work, which the profile's own overhead inflates), written to
+Profile: one more search of the index on the GPU under ``torch.profiler``, its phases labelled and timed (checks: the
+query frame's columns and qids; queries: the query tensors; bound: each query's error bound; screen: the kernel
+launches; bookkeeping: the running top k and survivors; rescore: the survivors' float64 scores; merge: the shards'
+tops merged; frame: the result frame; other: the rest of the search, each query's vectors checked and converted among
+it; each to the device's end of its work, which the profile's own overhead inflates), written to
 ``--out``_profile.txt with the kernels that took the most device time.
 """
 import argparse
@@ -221,9 +222,12 @@ class FastPlaid:
 
 
 #: The phases of a search the profile labels: (label, owner, attribute).
-PHASES = [('queries', grouped, 'padded_query_tensors'), ('bound', exact.ScreenedBatch, '__init__'),
+PHASES = [('checks', maxsim, 'validate_frame'), ('checks', maxsim, 'check_unique_qids'),
+          ('queries', grouped, 'padded_query_tensors'), ('bound', exact.ScreenedBatch, '__init__'),
           ('screen', grouped, 'screen'), ('bookkeeping', exact.ScreenedBatch, 'add'),
-          ('rescore', grouped, 'scored_candidates'), ('frame', maxsim, 'result_frame')]
+          ('rescore', grouped, 'scored_candidates'), ('merge', maxsim, 'merge_top'), ('frame', maxsim, 'result_frame')]
+#: The phases' labels, each once.
+LABELS = list(dict.fromkeys(label for label, _, _ in PHASES))
 
 
 def labelled(function, label: str, seconds: dict):
@@ -254,9 +258,9 @@ def profile(system, name: str) -> str:
     finally:
         for owner, attribute, original in originals:
             setattr(owner, attribute, original)
-    seconds['other'] = seconds['search'] - sum(seconds.get(label, 0.0) for label, _, _ in PHASES)
+    seconds['other'] = seconds['search'] - sum(seconds.get(label, 0.0) for label in LABELS)
     lines = [f'## {name}: {system.name}', '', 'wall ms by phase: ' + ', '.join(
-        f'{key} {1e3 * seconds.get(key, 0):.2f}' for key in ['search', *(p[0] for p in PHASES), 'other']), '']
+        f'{key} {1e3 * seconds.get(key, 0):.2f}' for key in ['search', *LABELS, 'other']), '']
     sort = 'self_device_time_total' if DEVICE == 'cuda' else 'self_cpu_time_total'
     return '\n'.join(lines) + profiler.key_averages().table(sort_by=sort, row_limit=15) + '\n'
 
