@@ -42,6 +42,20 @@ def test_hits_worked_out_by_hand():
     np.testing.assert_allclose(scores[0], [1.05, 0.85, 0.7], rtol=1e-6)
 
 
+def test_a_zero_query_vector_finds_members_at_score_0_and_pads_with_no_hit():
+    # list 0 holds vector 0, list 1 vectors 1 to 3; the first query probes list 1, so the tile is 3 members wide,
+    # and the zero vector (all centroids tie at 0) probes one list: list 0 with this torch's tie order, so that two
+    # of its three columns are padding, which its norm of 0 must leave at -inf (-inf times 0 is NaN)
+    centroids = np.array([[1, 0], [0, 1]], dtype=np.float32)
+    vectors = np.array([[1, 0.1], [0.2, 1], [-0.1, 0.8], [0.1, 0.9]], dtype=np.float32)
+    queries = np.array([[0, 1], [0, 0]], dtype=np.float32)
+    scores, hits = DeviceIVF(ivf_with_centroids(centroids, vectors), vectors, 'cpu', 2.0).search(queries, 3, 1)
+    assert not np.isnan(scores).any()
+    found = hits[1] >= 0
+    assert (scores[1][found] == 0).all() and np.isneginf(scores[1][~found]).all()
+    assert sorted(hits[1][found].tolist()) in ([0], [1, 2, 3])  # the members of the list it probed
+
+
 def probed_brute_force(centroids, assignment, vectors, queries, k, nprobe):
     """Each query vector's ``k`` best stored vectors among those assigned to its ``nprobe`` best centroids, in NumPy."""
     probes = np.argsort(-(queries @ centroids.T), axis=1, kind='stable')[:, :nprobe]

@@ -108,9 +108,9 @@ class DeviceIVF:
             rows = slice(start, start + step)
             scores, positions = self._members_scored(units[rows], probes[rows], ends[rows])
             best = scores.topk(min(k, scores.shape[1]), dim=1)
-            found[rows, :best.values.shape[1]] = best.values * norms[rows]
-            hits[rows, :best.values.shape[1]] = torch.where(
-                torch.isfinite(best.values), self._order[positions.gather(1, best.indices)], -1)
+            kept = torch.isfinite(best.values)  # else padding: -inf, no hit (whatever the norm, 0 included)
+            found[rows, :best.values.shape[1]] = torch.where(kept, best.values * norms[rows], -torch.inf)
+            hits[rows, :best.values.shape[1]] = torch.where(kept, self._order[positions.gather(1, best.indices)], -1)
         return found.cpu().numpy(), hits.cpu().numpy()
 
     def _members_scored(self, queries, probes, ends) -> Tuple['torch.Tensor', 'torch.Tensor']:
