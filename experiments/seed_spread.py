@@ -44,9 +44,8 @@ def spread(frames: List[pd.DataFrame], seeds: List[str], per_seed: str) -> pd.Da
     if not naming:
         raise ValueError('no column names the rows alike in every seed (a system column): the tables do not match')
     out = first[naming].copy()
-    stacked = pd.concat([f[numeric].reset_index(drop=True) for f in frames], keys=range(len(frames)))
     for column in numeric:
-        values = stacked[column].unstack(level=0)
+        values = pd.concat([f[column].reset_index(drop=True) for f in frames], axis=1, ignore_index=True)
         out[f'{column} mean'] = values.mean(axis=1).to_numpy()
         out[f'{column} sd'] = values.std(axis=1, ddof=1).to_numpy()
         if re.search(per_seed, column):

@@ -239,9 +239,8 @@ class CandidateStage:
         self.in_torch = searched_in_torch(kind, device, payload[1])
         if self.in_torch:
             from pyterrier_multiquery.index.device_ivf import DeviceIVF
-            from pyterrier_multiquery.index.exact import max_vector_norm
-            max_norm = payload[0]['max_norm'] if 'max_norm' in payload[0] else max_vector_norm(payload[1])
-            self.ann = DeviceIVF(ann, payload[1], device, max_norm)
+            from pyterrier_multiquery.index.exact import stored_max_norm
+            self.ann = DeviceIVF(ann, payload[1], device, stored_max_norm(payload))
         else:
             self.ann = to_device(ann, device)
         self.lock = threading.Lock()   # the effort is the FAISS index's own setting, set for each search

@@ -100,8 +100,8 @@ class DeviceIVF:
         norms = queries.norm(dim=1, keepdim=True)
         units = queries / torch.where(norms > 0, norms, 1)  # each vector's ranking as its own, in the 16-bit range
         ends = self._sizes[probes].cumsum(dim=1)
-        width = max(1, int(ends[:, -1].max()) if len(queries) else 1)
-        step = max(1, TILE_BYTES // (width * self.members.shape[1] * self.members.element_size()))
+        width = int(ends[:, -1].max()) if len(queries) else 0
+        step = max(1, TILE_BYTES // max(1, width * self.members.shape[1] * self.members.element_size()))
         found = torch.full((len(queries), k), -torch.inf, device=self.device)
         hits = torch.full((len(queries), k), -1, dtype=torch.int64, device=self.device)
         for start in range(0, len(queries), step):  # the tiles' results stay on the device: one copy back

@@ -123,6 +123,13 @@ def max_vector_norm(vectors, chunk: int = 1 << 16) -> float:
     return best
 
 
+def stored_max_norm(payload) -> float:
+    """The largest norm of an index's stored vectors (``payload``: its ``payload()``): the one its metadata records,
+    else computed, for an index built before indexes recorded it."""
+    meta, vectors = payload[0], payload[1]
+    return meta['max_norm'] if 'max_norm' in meta else max_vector_norm(vectors)
+
+
 class ScreenedBatch:
     """The screening of a batch of queries over the blocks of an index's documents, fed in order: the running
     ``k``-th screened score of each query and the documents within ``2E`` of it (:meth:`candidates`)."""

@@ -14,7 +14,7 @@ from pyterrier_multiquery._device import fits_on_device
 from pyterrier_multiquery._extras import requires
 
 from pyterrier_multiquery.index.errors import IndexReplacedError
-from pyterrier_multiquery.index.exact import exact_top, max_vector_norm
+from pyterrier_multiquery.index.exact import exact_top, stored_max_norm
 from pyterrier_multiquery.index.checks import ScoreCheck
 from pyterrier_multiquery.index.maxsim import aligned, rescore_candidates, score_documents
 
@@ -119,12 +119,10 @@ class ShardSearcher:
     def max_norm(self, payload) -> float:
         """The largest norm of the shard's stored vectors: its ``max_norm``, or computed once for an index built
         before indexes recorded it."""
-        meta = payload[0]
-        if 'max_norm' in meta:
-            return meta['max_norm']
-        if meta['build_id'] not in self._max_norm:
-            self._max_norm[meta['build_id']] = max_vector_norm(payload[1])
-        return self._max_norm[meta['build_id']]
+        build_id = payload[0]['build_id']
+        if build_id not in self._max_norm:
+            self._max_norm[build_id] = stored_max_norm(payload)
+        return self._max_norm[build_id]
 
     def ann_hits(self, vectors: np.ndarray, k: int, *, kind: str, quantizer: Optional[str], search_effort: int,
                  device: str):
