@@ -64,7 +64,8 @@ def main(argv=None):
     if len(args.reports) < 2:
         parser.error('give the reports of two seeds or more')
     reports = [json.loads(path.read_text()) for path in args.reports]
-    seeds = [str(r.get('seed', r.get('settings', {}).get('seed', path.stem))) for r, path in zip(reports, args.reports)]
+    seeds = [str(r.get('seed', (r.get('settings') or {}).get('seed', path.stem)))
+             for r, path in zip(reports, args.reports)]
     if len(set(seeds)) < len(seeds):
         parser.error(f'the reports are of seeds {", ".join(seeds)}: one report a seed')
     tables = {title: spread(frames, seeds, args.per_seed) for title, frames in seed_tables(reports).items()}

@@ -34,8 +34,10 @@ stored as it goes (``transfer_perquery.csv``, ``transfer_choices.csv``, and whic
 reports what is stored).
 """
 import copy
+import json
 import time
 from pathlib import Path
+from typing import Optional
 
 import pandas as pd
 
@@ -66,6 +68,8 @@ TARGETS = {'hotpotqa': 'HotpotQA-500', 'ramdocs': 'RAMDocs', 'musique': 'MuSiQue
 FLOOR = -0.02
 #: The collections large enough (about 500 questions) for the interval's part of the floor.
 LARGE = ('RAMDocs', 'HotpotQA-500')
+#: The arguments that shape a part's figures: a run goes on only with those of the parts stored.
+SETTINGS = ('seed', 'folds', 'threads')
 #: Each refiner, shown also with the back-off, and the first stage its back-off gives a question to: its own.
 BACKED_OFF = {name: first_stage for first_stage, names in REFINED.items() for name in names}
 
@@ -215,18 +219,37 @@ def figure(table: pd.DataFrame):
 
 class Parts:
     """The per-query scores and the chosen weights of every finished part of the run (a training source, a test
-    collection and, in domain, a fold), kept in two CSV files beside the report, so that a stopped run goes on where
-    it stopped (each file is replaced whole, through a temporary name, after every part)."""
+    collection and, in domain, a fold), kept in CSV files beside the report, so that a stopped run goes on where it
+    stopped (each file is replaced whole, through a temporary name, after every part). The settings that shape the
+    parts (the seed, the folds, the threads) are kept beside them, and a run with other settings is refused rather
+    than mixed in."""
 
-    def __init__(self, out: Path, restart: bool = False):
+    def __init__(self, out: Path, settings: Optional[dict] = None, restart: bool = False):
+        """
+        Args:
+            out: The report's path without extension; the parts are kept beside it.
+            settings: The settings of the run that adds parts (None: the parts are only read).
+            restart: Whether to forget the stored parts.
+
+        Raises:
+            SystemExit: If parts are stored under other settings than ``settings``, or without a record of theirs.
+        """
         self.paths = {'scores': out.with_name(out.name + '_perquery.csv'),
                       'choices': out.with_name(out.name + '_choices.csv'),
                       'familiar': out.with_name(out.name + '_familiar.csv')}
-        self.frames = {}
-        for name, path in self.paths.items():
-            if restart:
+        self.settings_path = out.with_name(out.name + '_settings.json')
+        if restart:
+            for path in [*self.paths.values(), self.settings_path]:
                 path.unlink(missing_ok=True)
-            self.frames[name] = pd.read_csv(path, dtype={'qid': str}) if path.exists() else pd.DataFrame()
+        self.frames = {name: pd.read_csv(path, dtype={'qid': str}) if path.exists() else pd.DataFrame()
+                       for name, path in self.paths.items()}
+        stored = json.loads(self.settings_path.read_text()) if self.settings_path.exists() else None
+        self.settings = stored if settings is None else settings
+        if settings is not None and any(not frame.empty for frame in self.frames.values()):
+            if stored != settings:
+                raise SystemExit(f'the parts stored beside {out} were made with the settings {stored} (from '
+                                 f'{self.settings_path.name}), not {settings}: run with those settings, give another '
+                                 '--out, or --restart')
 
     def done(self, source: str, target: str, fold: int, kind: str = 'choices') -> bool:
         """Whether the part is stored (its weights are written after its scores), or its familiar questions."""
@@ -237,6 +260,9 @@ class Parts:
     def add(self, **frames: pd.DataFrame) -> None:
         """Stores frames of a finished part: its per-query ``scores`` and the weights its training chose
         (``choices``), or which of its test questions are ``familiar``."""
+        if not self.settings_path.exists():
+            with building(self.settings_path) as tmp:
+                tmp.write_text(json.dumps(self.settings))
         for name, frame in frames.items():
             self.frames[name] = pd.concat([self.frames[name], frame], ignore_index=True)
             with building(self.paths[name]) as tmp:
@@ -296,10 +322,11 @@ def questions(frame: pd.DataFrame, qids) -> pd.DataFrame:
 def report(parts: Parts, args, seconds: float) -> None:
     """The report of every stored part: the table, the chosen weights and the figure."""
     scores, tables = backed_off(parts.frames['scores'], parts.frames['familiar']), []
+    made = parts.settings or {'folds': args.folds}   # parts stored before their settings were: folds as asked
     for (source, target), pair in scores.groupby(['trained on', 'tested on'], sort=False):
         in_domain = source == target
         folds = pair['fold'].nunique()
-        label = f'{source} ({args.folds}-fold CV' + ('' if folds == args.folds else f', {folds} folds done') + ')'
+        label = f'{source} ({made["folds"]}-fold CV' + ('' if folds == made['folds'] else f', {folds} folds done') + ')'
         tables.append(table_rows(pair, label if in_domain else source, target, in_domain))
     table = pd.concat(tables, ignore_index=True)
     write_report(args.out, 'Trained methods on collections they never saw', __doc__.split('\n\n', 2)[2],
@@ -311,7 +338,7 @@ def report(parts: Parts, args, seconds: float) -> None:
                   'the source)': parts.frames['choices'],
                   'Test questions like the training questions (the back-off keeps the refiner on these)':
                       familiar_shares(parts.frames['familiar'])},
-                 extra={'seconds': seconds, 'training': TRAINING, 'seed': args.seed, 'threads': args.threads},
+                 extra={'seconds': seconds, 'training': TRAINING, 'settings': parts.settings},
                  figure=figure(table), csv=True)
     print(table.to_string(), flush=True)
 
@@ -335,7 +362,8 @@ def main():
     from pyterrier_multiquery.experiment.determinism import make_deterministic
     make_deterministic(args.seed, args.threads)
     start = time.perf_counter()
-    parts = Parts(args.out, restart=args.restart)
+    parts = Parts(args.out, None if args.report_only else {k: getattr(args, k) for k in SETTINGS},
+                  restart=args.restart)
     if not args.report_only:
         cache = Cache(args.cache_dir)
         encoder = minilm(batch_size=64)
