@@ -10,7 +10,9 @@ chosen on the other 20 % (epoch 0 = MiniLM itself), the lists merged round-robin
 backbone trained over the fine-tuned encoder's vectors and index, the same way) too. Every system is
 scored on the fold's test questions; the folds' runs are pooled and tested against MiniLM by paired bootstrap,
 on all questions, those with more than one answer, and the third whose answer passages lie furthest apart, and
-the trained systems against MiniLM-FT likewise. Writes ``experiments/results/amer_ramdocs.{md,json,png}``.
+the trained systems against MiniLM-FT likewise. Writes ``experiments/results/amer_ramdocs.{md,json,png}``; each
+finished fold's per-query figures and choices are stored beside it as it goes (``amer_ramdocs_folds_perquery.csv``,
+``amer_ramdocs_folds.csv``), so that a stopped run goes on at the first fold not stored (``--restart`` forgets them).
 """
 import json
 import time
@@ -25,13 +27,14 @@ from pyterrier_multiquery.experiment.evaluation import (
     answer_counts,
     answer_subsets,
     compare,
+    FOLD_KINDS,
     cross_validate,
     experiment_parser,
     line_figure,
-    per_query,
     write_report,
 )
 from pyterrier_multiquery.experiment.main import FINE_TUNED
+from pyterrier_multiquery.experiment.parts import StoredParts
 from pyterrier_multiquery.loaders import load_dataset
 from pyterrier_multiquery.measures import MRecall
 
@@ -43,14 +46,15 @@ RESIDUALS = {'AMER (encoder)': 'encoder', 'AMER (linear residual)': 'linear'}
 STACKED = f'AMER over {FINE_TUNED}'
 #: Every AMER the folds train.
 AMERS = (*RESIDUALS, STACKED)
+#: The arguments that shape a fold's figures: a run goes on only with those of the folds stored.
+SETTINGS = ('seed', 'folds', 'epochs', 'num_vectors', 'learning_rate', 'threads')
 
 
-def cross_validate_on(name: str, args) -> dict:
+def cross_validate_on(name: str, args, parts: StoredParts) -> dict:
     """Every system's pooled test figures on one collection, and the choices made on each fold's training data."""
     spec = str(args.data_root / name)
     dataset = load_dataset(spec)
     first_stage = systems.DenseFirstStage(dataset, systems.cache_dir_for(spec, args.cache_dir), verbose=False)
-    choices = []
 
     def fold_systems(fold, train_topics, train_qrels):
         Lambda = systems.tune_mmr_lambda(first_stage, train_topics, train_qrels, depth=DEPTH)['lambda']
@@ -74,13 +78,12 @@ def cross_validate_on(name: str, args) -> dict:
                               'departure': history['departure'], 'curve': history['curve'],
                               'seconds': time.perf_counter() - start}
             built[system] = systems.amer_system(stage, path, num_results=DEPTH)
-        choices.append(chosen)
-        return built
+        return built, chosen
 
     topics, qrels = dataset.get_topics(), dataset.get_qrels()
-    runs = cross_validate(topics, qrels, fold_systems, folds=args.folds, seed=args.seed).runs
+    scores, choices, _ = cross_validate(topics, qrels, fold_systems, MEASURES, folds=args.folds, seed=args.seed,
+                                        parts=parts, key={'dataset': name})
     subsets = answer_subsets(qrels, first_stage.doc_vectors())
-    scores = per_query(runs, qrels, MEASURES)
     means, tests = compare(scores, 'MiniLM', subsets, seed=args.seed)
     _, against_fine_tuned = compare(scores[scores['system'] != 'MiniLM'], FINE_TUNED, subsets, seed=args.seed)
     sizes = ', '.join([f'{name}: {len(answer_counts(qrels))} questions']
@@ -97,10 +100,12 @@ def main():
     parser.add_argument('--num-vectors', type=int, default=2)
     parser.add_argument('--learning-rate', type=float, default=1e-4)
     parser.add_argument('--threads', type=int, default=2, help='torch threads (default: 2)')
+    parser.add_argument('--restart', action='store_true', help='forget the folds stored by an earlier run')
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    results = [cross_validate_on(name, args) for name in args.datasets]
+    parts = StoredParts(args.out, FOLD_KINDS, {k: getattr(args, k) for k in SETTINGS}, restart=args.restart)
+    results = [cross_validate_on(name, args, parts) for name in args.datasets]
     choices = [choice for result in results for choice in result['choices']]
     chosen = pd.DataFrame([{**{k: c[k] for k in ('dataset', 'fold', 'MMR λ')},
                             **{f'{s} {k}': c[s][k] for s in AMERS for k in ('epoch', 'merge', 'seconds')}}
@@ -116,8 +121,9 @@ def main():
         f'training fold, lists merged round-robin. MiniLM-FT: MiniLM fine-tuned contrastively on the fold\'s '
         f'training questions (the '
         f'single-query baseline of the AMER paper, systems.train_single_vector\'s schedule). p: paired bootstrap '
-        f'(10,000 resamples) against MiniLM, and against MiniLM-FT, over the pooled test questions. Took '
-        f'{time.perf_counter() - start:.0f}s. Command: `python experiments/amer_ramdocs.py`.',
+        f'(10,000 resamples) against MiniLM, and against MiniLM-FT, over the pooled test questions. This '
+        f'invocation took {time.perf_counter() - start:.0f}s (folds stored by an earlier one not counted). '
+        f'Command: `python experiments/amer_ramdocs.py`.',
         {'Mean over test questions': pd.concat([r['means'] for r in results], ignore_index=True),
          'Paired bootstrap against MiniLM': pd.concat([r['tests'] for r in results], ignore_index=True)[
              ['dataset', 'system', 'measure', 'questions', 'mean_diff', 'ci_low', 'ci_high', 'p_value']],

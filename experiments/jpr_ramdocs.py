@@ -15,7 +15,9 @@ JPR + prior (trained over MiniLM-FT's candidates, TreeDecode), tested against Mi
 those with more than one answer, and the low-similarity third (the third with the most spread-out target passages by
 MiniLM cosine distance), with a paired bootstrap of each system against MiniLM. Writes
 ``experiments/results/jpr_ramdocs.{md,json,png}`` (the figure: the training curves) and the per-query figures
-``jpr_ramdocs_perquery.csv``.
+``jpr_ramdocs_perquery.csv``. Each finished fold's per-query figures and training record are stored as it goes
+(``jpr_ramdocs_folds_perquery.csv``, ``jpr_ramdocs_folds.csv``), so that a stopped run goes on at the first fold not
+stored (``--restart`` forgets them).
 """
 import json
 import time
@@ -31,13 +33,14 @@ from pyterrier_multiquery.experiment.evaluation import (
     answer_counts,
     answer_subsets,
     compare,
+    FOLD_KINDS,
     cross_validate,
     experiment_parser,
     line_figure,
-    per_query,
     write_report,
 )
 from pyterrier_multiquery.experiment.main import FINE_TUNED
+from pyterrier_multiquery.experiment.parts import StoredParts
 from pyterrier_multiquery.loaders import load_dataset
 from pyterrier_multiquery.measures import MRecall
 
@@ -52,7 +55,12 @@ RERANKERS = {'IndepPR + prior': ('IndepPR + prior', 'independent'), 'JPR + prior
              'JPR + prior (Tree)': ('JPR + prior', 'tree'), 'JPR, no prior (Tree)': ('JPR, no prior', 'tree')}
 
 
-def cross_validate_on(name: str, args) -> dict:
+#: The arguments that shape a fold's figures: a run goes on only with those of the folds stored.
+SETTINGS = ('seed', 'folds', 'candidates', 'k', 'epochs', 'dev_fraction', 'learning_rate', 'gamma', 'beta',
+            'max_length', 'threads')
+
+
+def cross_validate_on(name: str, args, parts: StoredParts) -> dict:
     """Every system's per-query figures on one collection, its subsets, the training curves and the times."""
     spec = str(args.data_root / name)
     dataset = load_dataset(spec)
@@ -60,7 +68,6 @@ def cross_validate_on(name: str, args) -> dict:
     states = first_stage.cache_dir / 'jpr_candidate_states'   # keyed by the texts, max_length and the encoder
     settings = dict(num_candidates=args.candidates, k=args.k, epochs=args.epochs, dev_fraction=args.dev_fraction,
                     learning_rate=args.learning_rate, gamma=args.gamma, max_length=args.max_length, seed=args.seed)
-    curves, seconds = [], {model: [] for model in (*MODELS, STACKED_MODEL)}
 
     def fold_systems(fold, train_topics, train_qrels):
         fine_tuned = systems.train_single_vector(first_stage, train_topics, train_qrels, seed=args.seed,
@@ -68,15 +75,15 @@ def cross_validate_on(name: str, args) -> dict:
         fine_tuned_stage = systems.DenseFirstStage(dataset, first_stage.cache, model=fine_tuned, verbose=False)
         trained = [(model, first_stage, mode) for model, mode in MODELS.items()]
         trained.append((STACKED_MODEL, fine_tuned_stage, MODELS['JPR + prior']))
-        paths = {}
+        paths, record = {}, {'curves': [], 'train_seconds': {}}
         for model, stage, mode in trained:
             start = time.perf_counter()
             paths[model] = systems.train_jpr(stage, dataset, train_topics, train_qrels, state_cache=states,
                                              **settings, **mode)
-            seconds[model].append(time.perf_counter() - start)
+            record['train_seconds'][model] = time.perf_counter() - start
             training = json.loads((paths[model] / 'training.json').read_text())   # the record saved with the model
-            curves.extend({'collection': name, 'fold': fold, 'model': model, **point}
-                          for point in training['history']['curve'])
+            record['curves'].extend({'collection': name, 'fold': fold, 'model': model, **point}
+                                    for point in training['history']['curve'])
 
         def reranked(stage, model, decode):
             return systems.jpr_system(stage, dataset, paths[model], num_candidates=args.candidates, k=args.k,
@@ -87,15 +94,17 @@ def cross_validate_on(name: str, args) -> dict:
         return {'MiniLM': stage % args.k,
                 **{system: reranked(stage, model, decode) for system, (model, decode) in RERANKERS.items()},
                 FINE_TUNED: fine_tuned_candidates % args.k,
-                f'{STACKED_MODEL} (Tree)': reranked(fine_tuned_candidates, STACKED_MODEL, 'tree')}
+                f'{STACKED_MODEL} (Tree)': reranked(fine_tuned_candidates, STACKED_MODEL, 'tree')}, record
 
     topics, qrels = dataset.get_topics(), dataset.get_qrels()
-    runs, decode_seconds = cross_validate(topics, qrels, fold_systems, folds=args.folds, seed=args.seed)
+    scores, records, decode_seconds = cross_validate(topics, qrels, fold_systems, MEASURES, folds=args.folds,
+                                                     seed=args.seed, parts=parts, key={'collection': name})
     counts = answer_counts(qrels)
-    timings = {'train_seconds_per_fold': {model: float(np.mean(times)) for model, times in seconds.items()},
+    timings = {'train_seconds_per_fold': {model: float(np.mean([r['train_seconds'][model] for r in records]))
+                                          for model in (*MODELS, STACKED_MODEL)},
                'run_seconds_per_question': {system: t / counts.size for system, t in decode_seconds.items()}}
-    return {'scores': per_query(runs, qrels, MEASURES), 'subsets': answer_subsets(qrels, first_stage.doc_vectors()),
-            'counts': counts, 'curves': curves, 'timings': timings}
+    return {'scores': scores, 'subsets': answer_subsets(qrels, first_stage.doc_vectors()), 'counts': counts,
+            'curves': [point for r in records for point in r['curves']], 'timings': timings}
 
 
 def main():
@@ -111,10 +120,12 @@ def main():
     parser.add_argument('--max-length', type=int, default=128, help='tokens per candidate text')
     parser.add_argument('--folds', type=int, default=5)
     parser.add_argument('--threads', type=int, default=1)
+    parser.add_argument('--restart', action='store_true', help='forget the folds stored by an earlier run')
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    results = {name: cross_validate_on(name, args) for name in args.datasets}
+    parts = StoredParts(args.out, FOLD_KINDS, {k: getattr(args, k) for k in SETTINGS}, restart=args.restart)
+    results = {name: cross_validate_on(name, args, parts) for name in args.datasets}
     tables = {}
     for name, r in results.items():
         means, tests = compare(r['scores'], 'MiniLM', r['subsets'], seed=args.seed)
@@ -173,7 +184,8 @@ def description(args, total: float) -> str:
             f'epoch (0 = untrained) chosen on {args.dev_fraction:.0%} of each fold\'s training questions; TreeDecode '
             f'beta = {args.beta}. {args.folds}-fold cross-validation by question, stratified by answer count (seed '
             f'{args.seed}). Prior: logits + w * -log(1 + first-stage rank), w learned from 1, query head from zero, so '
-            f'an untrained model returns the MiniLM order. Total {total:.0f}s on {args.threads} CPU thread(s). '
+            f'an untrained model returns the MiniLM order. This invocation took {total:.0f}s on {args.threads} CPU '
+            f'thread(s) (folds stored by an earlier one not counted). '
             f'Command: `python experiments/jpr_ramdocs.py`.')
 
 

@@ -34,14 +34,11 @@ stored as it goes (``transfer_perquery.csv``, ``transfer_choices.csv``, and whic
 reports what is stored).
 """
 import copy
-import json
 import time
 from pathlib import Path
-from typing import Optional
 
 import pandas as pd
 
-from pyterrier_multiquery._files import building
 from pyterrier_multiquery.baselines import minilm
 from pyterrier_multiquery.experiment import systems
 from pyterrier_multiquery.experiment.cache import Cache
@@ -53,6 +50,7 @@ from pyterrier_multiquery.experiment.evaluation import (
     write_report,
 )
 from pyterrier_multiquery.experiment.main import FINE_TUNED, REFINED
+from pyterrier_multiquery.experiment.parts import StoredParts
 from pyterrier_multiquery.loaders import CombinedDataset, load_dataset
 from pyterrier_multiquery.measures import MRecall
 from pyterrier_multiquery.training.backoff import DEFAULT_QUANTILE, Familiarity
@@ -70,6 +68,9 @@ FLOOR = -0.02
 LARGE = ('RAMDocs', 'HotpotQA-500')
 #: The arguments that shape a part's figures: a run goes on only with those of the parts stored.
 SETTINGS = ('seed', 'folds', 'threads')
+#: What a part stores: its per-query scores, the weights its training chose (last: the part is done), and which of its
+#: test questions are familiar (stored on its own).
+KINDS = ('perquery', 'choices', 'familiar')
 #: Each refiner, shown also with the back-off, and the first stage its back-off gives a question to: its own.
 BACKED_OFF = {name: first_stage for first_stage, names in REFINED.items() for name in names}
 
@@ -217,83 +218,31 @@ def figure(table: pd.DataFrame):
     return fig
 
 
-class Parts:
-    """The per-query scores and the chosen weights of every finished part of the run (a training source, a test
-    collection and, in domain, a fold), kept in CSV files beside the report, so that a stopped run goes on where it
-    stopped (each file is replaced whole, through a temporary name, after every part). The settings that shape the
-    parts (the seed, the folds, the threads) are kept beside them, and a run with other settings is refused rather
-    than mixed in."""
-
-    def __init__(self, out: Path, settings: Optional[dict] = None, restart: bool = False):
-        """
-        Args:
-            out: The report's path without extension; the parts are kept beside it.
-            settings: The settings of the run that adds parts (None: the parts are only read).
-            restart: Whether to forget the stored parts.
-
-        Raises:
-            SystemExit: If parts are stored under other settings than ``settings``, or without a record of theirs.
-        """
-        self.paths = {'scores': out.with_name(out.name + '_perquery.csv'),
-                      'choices': out.with_name(out.name + '_choices.csv'),
-                      'familiar': out.with_name(out.name + '_familiar.csv')}
-        self.settings_path = out.with_name(out.name + '_settings.json')
-        if restart:
-            for path in [*self.paths.values(), self.settings_path]:
-                path.unlink(missing_ok=True)
-        self.frames = {name: pd.read_csv(path, dtype={'qid': str}) if path.exists() else pd.DataFrame()
-                       for name, path in self.paths.items()}
-        stored = json.loads(self.settings_path.read_text()) if self.settings_path.exists() else None
-        self.settings = stored if settings is None else settings
-        if settings is not None and any(not frame.empty for frame in self.frames.values()):
-            if stored != settings:
-                raise SystemExit(f'the parts stored beside {out} were made with the settings {stored} (from '
-                                 f'{self.settings_path.name}), not {settings}: run with those settings, give another '
-                                 '--out, or --restart')
-
-    def done(self, source: str, target: str, fold: int, kind: str = 'choices') -> bool:
-        """Whether the part is stored (its weights are written after its scores), or its familiar questions."""
-        frame = self.frames[kind]
-        return not frame.empty and bool(((frame['trained on'] == source) & (frame['tested on'] == target)
-                                         & (frame['fold'] == fold)).any())
-
-    def add(self, **frames: pd.DataFrame) -> None:
-        """Stores frames of a finished part: its per-query ``scores`` and the weights its training chose
-        (``choices``), or which of its test questions are ``familiar``."""
-        if not self.settings_path.exists():
-            with building(self.settings_path) as tmp:
-                tmp.write_text(json.dumps(self.settings))
-        for name, frame in frames.items():
-            self.frames[name] = pd.concat([self.frames[name], frame], ignore_index=True)
-            with building(self.paths[name]) as tmp:
-                self.frames[name].to_csv(tmp, index=False)
-
-
-def run_part(parts: Parts, source: str, target: str, fold: int, collection: Collection, train: Collection,
+def run_part(parts: StoredParts, source: str, target: str, fold: int, collection: Collection, train: Collection,
              train_qids, test_qids, args) -> None:
     """Trains on ``train_qids`` of ``train``, scores ``test_qids`` of ``collection`` and stores the part."""
-    if parts.done(source, target, fold):
+    if parts.done('choices', **part_key(source, target, fold)):   # its weights are stored after its scores
         return
     built, chosen = trained_systems(collection, train, questions(train.dataset.get_topics(), train_qids),
                                     questions(train.dataset.get_qrels(), train_qids), args)
     runs = {name: system(questions(collection.topics, test_qids)) for name, system in built.items()}
     scores = per_query(runs, questions(collection.qrels, test_qids), MEASURES)
-    parts.add(scores=scores.assign(**{'trained on': source, 'tested on': target, 'fold': fold}),
-              choices=pd.DataFrame([{'trained on': source, 'tested on': target, 'fold': fold, **chosen}]))
+    parts.add(perquery=scores.assign(**part_key(source, target, fold)),
+              choices=pd.DataFrame([{**part_key(source, target, fold), **chosen}]))
     print(f'{source} -> {target}' + (f', fold {fold}' if fold >= 0 else '') + ': '
           + ', '.join(f'{name} λ={weight:g}' for name, weight in chosen.items()), flush=True)
 
 
-def familiar_part(parts: Parts, source: str, target: str, fold: int, collection: Collection, train: Collection,
+def familiar_part(parts: StoredParts, source: str, target: str, fold: int, collection: Collection, train: Collection,
                   train_qids, test_qids, encoder) -> None:
     """Stores which of the part's test questions are familiar to its training questions (:class:`Familiarity`)."""
-    if parts.done(source, target, fold, 'familiar'):
+    if parts.done('familiar', **part_key(source, target, fold)):
         return
     known = questions(train.dataset.get_topics(), train_qids)['query'].tolist()
     familiarity = Familiarity(encoder.encode_queries(known), DEFAULT_QUANTILE)
     topics = questions(collection.topics, test_qids)
     similarity = familiarity.similarity(encoder.encode_queries(topics['query'].tolist()))
-    parts.add(familiar=pd.DataFrame({'trained on': source, 'tested on': target, 'fold': fold, 'qid': topics['qid'],
+    parts.add(familiar=pd.DataFrame({**part_key(source, target, fold), 'qid': topics['qid'],
                                      'similarity': similarity, 'threshold': familiarity.threshold,
                                      'familiar': similarity >= familiarity.threshold}))
 
@@ -314,14 +263,19 @@ def backed_off(scores: pd.DataFrame, familiar: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([scores] + [frame.drop(columns='familiar') for frame in added], ignore_index=True)
 
 
+def part_key(source: str, target: str, fold: int) -> dict:
+    """The columns naming a part among the stored ones."""
+    return {'trained on': source, 'tested on': target, 'fold': fold}
+
+
 def questions(frame: pd.DataFrame, qids) -> pd.DataFrame:
     """The rows of ``frame`` (topics or qrels) whose ``qid`` is in ``qids`` (all rows for None)."""
     return frame if qids is None else frame[frame['qid'].isin(set(qids))].reset_index(drop=True)
 
 
-def report(parts: Parts, args, seconds: float) -> None:
+def report(parts: StoredParts, args, seconds: float) -> None:
     """The report of every stored part: the table, the chosen weights and the figure."""
-    scores, tables = backed_off(parts.frames['scores'], parts.frames['familiar']), []
+    scores, tables = backed_off(parts.frames['perquery'], parts.frames['familiar']), []
     made = parts.settings or {'folds': args.folds}   # parts stored before their settings were: folds as asked
     for (source, target), pair in scores.groupby(['trained on', 'tested on'], sort=False):
         in_domain = source == target
@@ -362,8 +316,8 @@ def main():
     from pyterrier_multiquery.experiment.determinism import make_deterministic
     make_deterministic(args.seed, args.threads)
     start = time.perf_counter()
-    parts = Parts(args.out, None if args.report_only else {k: getattr(args, k) for k in SETTINGS},
-                  restart=args.restart)
+    parts = StoredParts(args.out, KINDS, None if args.report_only else {k: getattr(args, k) for k in SETTINGS},
+                        restart=args.restart)
     if not args.report_only:
         cache = Cache(args.cache_dir)
         encoder = minilm(batch_size=64)
@@ -388,8 +342,8 @@ def main():
                     run_part(parts, source, source, fold, collection, collection, train_qids, test_qids, args)
                     familiar_part(parts, source, source, fold, collection, collection, train_qids, test_qids,
                                   encoder)
-    if parts.frames['scores'].empty:
-        raise SystemExit(f'no stored parts in {parts.paths["scores"]}: --report-only reports the parts of a run '
+    if parts.frames['perquery'].empty:
+        raise SystemExit(f'no stored parts in {parts.paths["perquery"]}: --report-only reports the parts of a run '
                          'written with the same --out')
     report(parts, args, time.perf_counter() - start)
     print(f'wrote {args.out}.md ({time.perf_counter() - start:.0f}s)')

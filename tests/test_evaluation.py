@@ -7,9 +7,11 @@ import pandas as pd
 import pyterrier as pt
 import pytest
 
-from pyterrier_multiquery.experiment.evaluation import (answer_subsets, corpus_subset, cross_validate, document_sample,
-                                             experiment_parser, ir_measures_qrels, judged_sample, line_figure,
-                                             write_report)
+from pyterrier_multiquery.experiment.evaluation import (FOLD_KINDS, answer_subsets, corpus_subset, cross_validate,
+                                             document_sample, experiment_parser, ir_measures_qrels, judged_sample,
+                                             line_figure, write_report)
+from pyterrier_multiquery.experiment.parts import StoredParts
+from pyterrier_multiquery.measures import MRecall
 
 
 def test_experiment_parser_defaults_and_options(monkeypatch):
@@ -38,33 +40,67 @@ def test_answer_subsets():
     assert list(subsets['low-similarity third']) == ['q1']
 
 
-class _Tagger(pt.Transformer):
-    """Returns one result per query, naming the training questions it was built with."""
+class _Unseen(pt.Transformer):
+    """Retrieves ``d`` for a question it was not built with, ``x`` for one it was."""
 
     def __init__(self, train_qids):
-        self.train_qids = ','.join(sorted(train_qids))
+        self.train_qids = set(train_qids)
 
     def transform(self, topics):
-        return topics.assign(docno=self.train_qids, score=1., rank=0)
+        return topics.assign(docno=['x' if q in self.train_qids else 'd' for q in topics['qid']], score=1., rank=0)
+
+
+def _folds_data():
+    qrels = pd.DataFrame({'qid': [f'q{i}' for i in range(10)], 'docno': 'd', 'label': 1, 'iteration': '1'})
+    topics = pd.DataFrame({'qid': [f'q{i}' for i in range(10)] + ['unjudged'], 'query': 'text'})
+    return topics, qrels
 
 
 def test_cross_validate_pools_the_test_folds_and_trains_on_the_rest():
-    qrels = pd.DataFrame({'qid': [f'q{i}' for i in range(10)], 'docno': 'd', 'label': 1, 'iteration': '1'})
-    topics = pd.DataFrame({'qid': [f'q{i}' for i in range(10)] + ['unjudged'], 'query': 'text'})
+    topics, qrels = _folds_data()
     calls = []
 
     def fold_systems(fold, train_topics, train_qrels):
         calls.append(fold)
         assert list(train_topics['qid']) == list(train_qrels['qid'])
-        return {'tagger': _Tagger(train_topics['qid']), 'other': _Tagger([])}
+        return {'unseen': _Unseen(train_topics['qid']), 'other': _Unseen(topics['qid'])}, {'train': len(train_topics)}
 
-    runs, seconds = cross_validate(topics, qrels, fold_systems, folds=5, seed=0, verbose=False)
-    assert calls == [0, 1, 2, 3, 4] and set(seconds) == {'tagger', 'other'}
-    pooled = runs['tagger']
-    assert sorted(pooled['qid']) == sorted(qrels['qid'])   # each judged question once; the unjudged one never
-    for qid, trained_on in zip(pooled['qid'], pooled['docno']):
-        trained_on = trained_on.split(',')
-        assert qid not in trained_on and len(trained_on) == 8
+    scores, records, seconds = cross_validate(topics, qrels, fold_systems, [MRecall@1], folds=5, seed=0,
+                                              verbose=False)
+    assert calls == [0, 1, 2, 3, 4] and set(seconds) == {'unseen', 'other'} and records == [{'train': 8}] * 5
+    assert list(scores['qid'][:10]) == list(qrels['qid'])   # each judged question once, in the qrels' order
+    assert list(scores['system']) == ['unseen'] * 10 + ['other'] * 10
+    assert list(scores['value']) == [1.] * 10 + [0.] * 10   # never tested on a question it trained on
+    assert scores.groupby('fold')['qid'].nunique().tolist() == [2] * 5   # each fold tests 2 of the 10
+
+
+def test_cross_validate_goes_on_at_the_first_fold_not_stored(tmp_path):
+    topics, qrels = _folds_data()
+    calls = []
+
+    def fold_systems(fold, train_topics, train_qrels):
+        calls.append(fold)
+        if fold == 2 and calls.count(2) == 1:
+            raise KeyboardInterrupt   # the run is stopped in its third fold
+        return {'unseen': _Unseen(train_topics['qid'])}, {'fold': fold}
+
+    settings = {'seed': 0, 'folds': 5}
+
+    def run():
+        parts = StoredParts(tmp_path / 'report', FOLD_KINDS, settings)
+        return cross_validate(topics, qrels, fold_systems, [MRecall@1], parts=parts, key={'dataset': 'tiny'},
+                              verbose=False)
+
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    assert len(pd.read_csv(tmp_path / 'report_folds.csv')) == 2
+    scores, records, _ = run()
+    assert calls == [0, 1, 2, 2, 3, 4] and records == [{'fold': fold} for fold in range(5)]
+    assert list(scores['qid']) == list(qrels['qid']) and list(scores['value']) == [1.] * 10
+    assert 'dataset' not in scores
+    again = run()   # every fold stored: nothing runs
+    pd.testing.assert_frame_equal(again.scores, scores)
+    assert calls == [0, 1, 2, 2, 3, 4]
 
 
 def test_samples_and_subsets():
@@ -124,4 +160,5 @@ def test_line_figure_ticks_whole_values_of_an_integer_x():
 def test_cross_validate_checks_qrels(missing):
     qrels = pd.DataFrame({'qid': ['a'], 'docno': ['d'], 'label': [1]}).drop(columns=[missing])
     with pytest.raises(ValueError, match=f"qrels is missing column\\(s\\) \\['{missing}'\\]"):
-        cross_validate(pd.DataFrame({'qid': ['a'], 'query': ['q']}), qrels, lambda *_: {}, verbose=False)
+        cross_validate(pd.DataFrame({'qid': ['a'], 'query': ['q']}), qrels, lambda *_: ({}, {}), [MRecall@1],
+                       verbose=False)

@@ -37,20 +37,3 @@ def test_a_report_without_stored_parts_names_the_file_it_read(transfer, tmp_path
     with pytest.raises(SystemExit, match=r'no stored parts in .*transfer_perquery\.csv'):
         transfer.main()
     assert not (tmp_path / 'transfer.md').exists()
-
-
-def test_stored_parts_go_on_only_under_the_settings_that_made_them(transfer, tmp_path):
-    out = tmp_path / 'transfer'
-    made = {'seed': 0, 'folds': 5, 'threads': 2}
-    part = pd.DataFrame([{'trained on': 'MuSiQue', 'tested on': 'RAMDocs', 'fold': -1, 'AMER': 0.25}])
-    transfer.Parts(out, made).add(choices=part)
-    resumed = transfer.Parts(out, dict(made))
-    assert resumed.done('MuSiQue', 'RAMDocs', -1) and not resumed.done('MuSiQue', 'RAMDocs', 0)
-    assert transfer.Parts(out).settings == made   # read only: the settings the parts were made with
-    with pytest.raises(SystemExit, match=r"made with the settings \{'seed': 0, .*not \{'seed': 1"):
-        transfer.Parts(out, {**made, 'seed': 1})
-    (tmp_path / 'transfer_settings.json').unlink()   # parts of a run that kept no record of its settings
-    with pytest.raises(SystemExit, match='made with the settings None'):
-        transfer.Parts(out, made)
-    restarted = transfer.Parts(out, {**made, 'seed': 1}, restart=True)
-    assert not restarted.done('MuSiQue', 'RAMDocs', -1) and not (tmp_path / 'transfer_choices.csv').exists()

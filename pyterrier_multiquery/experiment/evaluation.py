@@ -1,9 +1,10 @@
 """Evaluation on top of pt.Experiment and ir_measures: checked experiment tables, per-query frames, cross-validation,
 paired tests over subsets, reports.
 
-An experiment parses its arguments with :func:`experiment_parser`, runs its systems (:func:`cross_validate` pools
-the test folds' runs), hands the runs to :func:`per_query` and :func:`compare` (or the systems to
-:func:`run_experiment`), and :func:`write_report` writes the result as markdown and JSON (and CSV and a figure).
+An experiment parses its arguments with :func:`experiment_parser`, runs its systems and hands the runs to
+:func:`per_query` (:func:`cross_validate` does both, fold by fold, and pools the test folds' figures) and then to
+:func:`compare` (or the systems to :func:`run_experiment`), and :func:`write_report` writes the result as markdown and
+JSON (and CSV and a figure).
 """
 import argparse
 import json
@@ -19,6 +20,7 @@ from ir_measures import alpha_nDCG, nDCG
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.analysis import low_similarity_subset, paired_bootstrap, target_distances
+from pyterrier_multiquery.experiment.parts import StoredParts
 from pyterrier_multiquery.measures import AnswerRecall, MRecall
 
 #: The measures of the main job's table and of :func:`run_experiment` by default.
@@ -196,15 +198,24 @@ def cross_validation_folds(qrels: pd.DataFrame, folds: int = 5, *,
 
 
 class CrossValidation(NamedTuple):
-    """Each system's test-fold runs pooled, and the seconds it took to produce them (all folds)."""
-    runs: Dict[str, pd.DataFrame]
+    """Each system's per-query figures on the test folds, pooled (a :func:`per_query` frame with each question's
+    ``fold``), what each fold's training recorded (in fold order), and the seconds each system took on the test folds
+    (all folds)."""
+    scores: pd.DataFrame
+    records: List[dict]
     seconds: Dict[str, float]
 
 
+#: The kinds of frame each fold of :func:`cross_validate` stores: its per-query figures, then its record.
+FOLD_KINDS = ('folds_perquery', 'folds')
+
+
 def cross_validate(topics: pd.DataFrame, qrels: pd.DataFrame,
-                   fold_systems: Callable[[int, pd.DataFrame, pd.DataFrame], Mapping[str, pt.Transformer]], *,
-                   folds: int = 5, seed: int = 0, verbose: bool = True) -> CrossValidation:
-    """Runs the systems built on each fold's training questions on that fold's test questions, and pools the runs.
+                   fold_systems: Callable[[int, pd.DataFrame, pd.DataFrame], Tuple[Mapping[str, pt.Transformer], dict]],
+                   measures: Sequence, *, folds: int = 5, seed: int = 0, parts: Optional[StoredParts] = None,
+                   key: Optional[Mapping[str, str]] = None, verbose: bool = True) -> CrossValidation:
+    """Runs the systems built on each fold's training questions on that fold's test questions, and pools their
+    per-query figures.
 
     Folds come from :func:`cross_validation_folds`: split by question, stratified by the number of answers.
 
@@ -212,22 +223,42 @@ def cross_validate(topics: pd.DataFrame, qrels: pd.DataFrame,
         topics: Every question (``qid``, ``query``).
         qrels: Multi-answer qrels.
         fold_systems: ``fold_systems(fold, train_topics, train_qrels)`` returns the fold's systems by name, trained
-            or tuned on the training part only.
+            or tuned on the training part only, and a record of what its training chose (JSON-serialisable).
+        measures: ir_measures measures.
         folds: Number of folds.
         seed: Seed of the split.
+        parts: Where each finished fold is stored (:class:`~.parts.StoredParts` with the kinds :data:`FOLD_KINDS`),
+            so that a stopped run goes on at the first fold not stored (default: kept in memory).
+        key: Columns naming this cross-validation among those stored in ``parts`` (for example its collection).
         verbose: Whether to show progress over the folds.
     """
     validate_topics_qrels(topics, qrels)
-    runs, seconds = {}, {}
+    parts = StoredParts(None, FOLD_KINDS) if parts is None else parts
+    key = dict(key or {})
     splits = list(cross_validation_folds(qrels, folds, seed=seed))
     for fold, (train_qids, test_qids) in enumerate(pt.tqdm(splits, desc='folds', unit='fold', disable=not verbose)):
-        built = fold_systems(fold, _select(topics, train_qids), _select(qrels, train_qids))
-        test_topics = _select(topics, test_qids)
+        if parts.done('folds', **key, fold=fold):
+            continue
+        built, record = fold_systems(fold, _select(topics, train_qids), _select(qrels, train_qids))
+        test_topics, runs, seconds = _select(topics, test_qids), {}, {}
         for name, system in built.items():
             start = time.perf_counter()
-            runs.setdefault(name, []).append(system(test_topics))
-            seconds[name] = seconds.get(name, 0.) + time.perf_counter() - start
-    return CrossValidation({name: pd.concat(frames, ignore_index=True) for name, frames in runs.items()}, seconds)
+            runs[name] = system(test_topics)
+            seconds[name] = time.perf_counter() - start
+        parts.add(folds_perquery=per_query(runs, _select(qrels, test_qids), measures).assign(**key, fold=fold),
+                  folds=pd.DataFrame([{**key, 'fold': fold, 'record': json.dumps(record),
+                                       'seconds': json.dumps(seconds)}]))
+    stored = parts.rows('folds', **key).sort_values('fold')
+    scores = parts.rows('folds_perquery', **key).drop(columns=list(key))
+    order = {column: {value: i for i, value in enumerate(dict.fromkeys(values))} for column, values in
+             (('system', scores['system']), ('measure', [str(m) for m in measures]), ('qid', qrels['qid'].astype(str)))}
+    scores = scores.sort_values(['system', 'measure', 'qid'], key=lambda column: column.map(order[column.name]),
+                                kind='stable', ignore_index=True)   # the order per_query gives the pooled runs
+    seconds = {}
+    for fold_seconds in stored['seconds']:
+        for name, value in json.loads(fold_seconds).items():
+            seconds[name] = seconds.get(name, 0.) + value
+    return CrossValidation(scores, [json.loads(record) for record in stored['record']], seconds)
 
 
 def _select(frame: pd.DataFrame, qids: Iterable[str]) -> pd.DataFrame:
