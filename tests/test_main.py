@@ -57,6 +57,28 @@ def test_topics_without_query_and_qrels_without_label_are_named():
         run_experiment({}, topics.rename(columns={'text': 'query'}), qrels.drop(columns='label'))
 
 
+
+def test_summary_columns_follow_the_measures_order():
+    """Measures, then each measure's paired-test columns, in the order asked for (a saved table's columns do not
+    depend on set order)."""
+    import pyterrier as pt
+    from ir_measures import P, RR, nDCG
+    topics = pd.DataFrame({'qid': ['1', '2'], 'query': ['a', 'b']})
+    qrels = pd.DataFrame({'qid': ['1', '2'], 'docno': ['d1', 'd2'], 'label': [1, 1]})
+
+    def ranking(first, second):
+        return pt.Transformer.from_df(pd.DataFrame({
+            'qid': ['1', '1', '2', '2'], 'docno': [first, second, first, second],
+            'score': [2., 1., 2., 1.], 'rank': [0, 1, 0, 1]}))
+
+    table = run_experiment({'A': ranking('d1', 'd2'), 'B': ranking('d2', 'd1')}, topics, qrels,
+                           eval_metrics=[nDCG @ 10, P @ 1, RR], baseline=0)
+    measures = ['nDCG@10', 'P@1', 'RR']
+    assert list(table.columns) == ['name'] + measures + [f'{m} {c}' for m in measures for c in ('+', '-', 'p-value')]
+    # A finds d1 first for q1 and second for q2; B the other way round: equal means, one query better each
+    assert table.set_index('name').loc['A', 'RR'] == pytest.approx(0.75)
+    assert table.set_index('name').loc['B', ['P@1', 'P@1 +', 'P@1 -']].tolist() == [0.5, 1, 1]
+
 @pytest.fixture(scope='module')
 def small_ramdocs(data_dir, tmp_path_factory):
     """The first 15 RAMDocs questions as a RAMDocs file of their own."""

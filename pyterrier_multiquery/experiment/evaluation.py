@@ -79,8 +79,10 @@ def run_experiment(systems: Dict[str, pt.Transformer], topics: pd.DataFrame, qre
     table = pt.Experiment(list(systems.values()), topics, qrels, eval_metrics=list(eval_metrics),
                           names=list(systems), **experiment_args)
     measure_columns = [str(m) for m in eval_metrics]
-    if set(measure_columns) <= set(table.columns):  # a summary table: measures in the order asked for
-        table = table[['name'] + measure_columns + [c for c in table.columns if c not in measure_columns + ['name']]]
+    if set(measure_columns) <= set(table.columns):  # a summary table: measures, then their tests, as asked
+        tests = [c for m in measure_columns for c in table.columns if c.startswith(f'{m} ')]
+        rest = [c for c in table.columns if c not in ['name'] + measure_columns + tests]
+        table = table[['name'] + measure_columns + tests + rest]
     return table
 
 
