@@ -3,7 +3,9 @@ import subprocess
 import sys
 
 import pandas as pd
+import pyterrier as pt
 import pytest
+from ir_measures import P, RR, nDCG
 
 from pyterrier_multiquery.experiment.main import main
 from pyterrier_multiquery.experiment.evaluation import run_experiment
@@ -57,12 +59,9 @@ def test_topics_without_query_and_qrels_without_label_are_named():
         run_experiment({}, topics.rename(columns={'text': 'query'}), qrels.drop(columns='label'))
 
 
-
 def test_summary_columns_follow_the_measures_order():
     """Measures, then each measure's paired-test columns, in the order asked for (a saved table's columns do not
-    depend on set order)."""
-    import pyterrier as pt
-    from ir_measures import P, RR, nDCG
+    depend on the order the evaluation returns them in)."""
     topics = pd.DataFrame({'qid': ['1', '2'], 'query': ['a', 'b']})
     qrels = pd.DataFrame({'qid': ['1', '2'], 'docno': ['d1', 'd2'], 'label': [1, 1]})
 
@@ -75,9 +74,10 @@ def test_summary_columns_follow_the_measures_order():
                            eval_metrics=[nDCG @ 10, P @ 1, RR], baseline=0)
     measures = ['nDCG@10', 'P@1', 'RR']
     assert list(table.columns) == ['name'] + measures + [f'{m} {c}' for m in measures for c in ('+', '-', 'p-value')]
-    # A finds d1 first for q1 and second for q2; B the other way round: equal means, one query better each
+    # A ranks q1's relevant passage first and q2's second, B the other way round: equal means, one query better each
     assert table.set_index('name').loc['A', 'RR'] == pytest.approx(0.75)
     assert table.set_index('name').loc['B', ['P@1', 'P@1 +', 'P@1 -']].tolist() == [0.5, 1, 1]
+
 
 @pytest.fixture(scope='module')
 def small_ramdocs(data_dir, tmp_path_factory):
