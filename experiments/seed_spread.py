@@ -7,8 +7,8 @@ Each input is the JSON report an experiment wrote with ``--seed N --out PATH`` (
 ``jpr_ramdocs.py``, ``transfer.py``, ...). Every table present in all of them is combined row by row. The text columns
 equal in every seed name the rows (``system``, ``dataset``, ``trained on``, ...). Each numeric column becomes its mean
 and sample standard deviation over the seeds, and the columns matching ``--per-seed`` (default: ``MRecall@10``, its
-differences and p-values) also keep each seed's value. Text columns that differ between seeds (intervals, settings
-chosen) are left out. Writes ``--out`` .md/.json.
+differences and p-values, and the verdict ``floor held``) also keep each seed's value. Other text columns that differ
+between seeds (intervals, settings chosen) are left out. Writes ``--out`` .md/.json.
 """
 import argparse
 import json
@@ -29,7 +29,7 @@ def seed_tables(reports: List[dict]) -> Dict[str, List[pd.DataFrame]]:
 
 def spread(frames: List[pd.DataFrame], seeds: List[str], per_seed: str) -> pd.DataFrame:
     """One table's rows over the seeds: the naming columns, each numeric column's mean and standard deviation, and
-    the seeds' values of the numeric columns matching ``per_seed``.
+    the seeds' values of the columns matching ``per_seed`` (a text column only where the seeds differ in it).
 
     Raises:
         ValueError: If the seeds' tables differ in their rows (count, or the columns that name them).
@@ -44,6 +44,9 @@ def spread(frames: List[pd.DataFrame], seeds: List[str], per_seed: str) -> pd.Da
     if not naming:
         raise ValueError('no column names the rows alike in every seed (a system column): the tables do not match')
     out = first[naming].copy()
+    for column in [c for c in first.columns if c not in numeric and c not in naming and re.search(per_seed, c)]:
+        for seed, frame in zip(seeds, frames):   # a verdict that differs: each seed's
+            out[f'{column} seed {seed}'] = frame[column].to_numpy() if column in frame.columns else None
     for column in numeric:
         values = pd.concat([f[column].reset_index(drop=True) for f in frames], axis=1, ignore_index=True)
         out[f'{column} mean'] = values.mean(axis=1).to_numpy()
@@ -58,8 +61,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('reports', type=Path, nargs='+', help='one JSON report a seed')
     parser.add_argument('--out', type=Path, required=True, help='report path without extension')
-    parser.add_argument('--per-seed', default=r'^MRecall@10\b', help='regular expression of the columns whose '
-                        "every seed's value is kept (default: %(default)s)")
+    parser.add_argument('--per-seed', default=r'^MRecall@10\b|^floor held$',
+                        help="regular expression of the columns whose every seed's value is kept "
+                             '(default: %(default)s)')
     args = parser.parse_args(argv)
     if len(args.reports) < 2:
         parser.error('give the reports of two seeds or more')

@@ -19,20 +19,21 @@ def seed_spread():
     return module
 
 
-def report(seed, amer, p, interval):
+def report(seed, amer, p, interval, held='yes'):
     return {'title': 'AMER on RAMDocs', 'seed': seed, 'tables': {
         'Means': [{'system': 'MiniLM', 'dataset': 'ramdocs', 'MRecall@10 (all)': 0.8, 'MRecall@100 (all)': 0.9},
                   {'system': 'AMER', 'dataset': 'ramdocs', 'MRecall@10 (all)': amer, 'MRecall@100 (all)': 0.95}],
-        'Against MiniLM': [{'system': 'AMER', 'MRecall@10 p': p, '95% CI': interval}],
+        'Against MiniLM': [{'system': 'AMER', 'MRecall@10 p': p, '95% CI': interval, 'floor held': held}],
         f'Only in seed {seed}': [{'system': 'AMER', 'x': 1.0}]}}
 
 
 def test_means_spreads_and_each_seeds_value_worked_out_by_hand(seed_spread, tmp_path):
     paths = []
-    for seed, amer, p, interval in ((0, 0.90, 0.01, '[+0.01, +0.03]'), (1, 0.86, 0.20, '[-0.01, +0.02]'),
-                                    (2, 0.88, 0.05, '[+0.00, +0.03]')):
+    for seed, amer, p, interval, held in ((0, 0.90, 0.01, '[+0.01, +0.03]', 'yes'),
+                                          (1, 0.86, 0.20, '[-0.01, +0.02]', 'no'),
+                                          (2, 0.88, 0.05, '[+0.00, +0.03]', 'yes')):
         paths.append(tmp_path / f'seed{seed}.json')
-        paths[-1].write_text(json.dumps(report(seed, amer, p, interval)))
+        paths[-1].write_text(json.dumps(report(seed, amer, p, interval, held)))
     seed_spread.main([str(p) for p in paths] + ['--out', str(tmp_path / 'spread')])
     out = json.loads((tmp_path / 'spread.json').read_text())
     assert out['title'] == 'AMER on RAMDocs, over seeds 0, 1, 2' and out['seeds'] == ['0', '1', '2']
@@ -45,6 +46,7 @@ def test_means_spreads_and_each_seeds_value_worked_out_by_hand(seed_spread, tmp_
     assert 'MRecall@100 (all) seed 0' not in amer.index and amer['MRecall@100 (all) sd'] == pytest.approx(0, abs=1e-12)
     tests = out['tables']['Against MiniLM'][0]
     assert '95% CI' not in tests  # differs by seed: left out
+    assert [tests[f'floor held seed {s}'] for s in '012'] == ['yes', 'no', 'yes']  # a verdict: kept per seed
     assert tests['MRecall@10 p mean'] == pytest.approx(0.26 / 3)
     assert (tmp_path / 'spread.md').read_text().startswith('# AMER on RAMDocs, over seeds 0, 1, 2')
 
