@@ -8,15 +8,19 @@ over MiniLM-FT (a cached model is keyed by its seed). The schedule is fixed in a
 on data); what a seed's training chooses is each refiner's departure weight from its first stage, on a fifth of the
 training questions. Reports, per system, each seed's MRecall@5/@10 and their mean and standard deviation, each
 seed's paired t-test of MRecall@10 against MiniLM-FT, and per seed the chosen weights. Writes
-``experiments/results/seeds.{md,json,csv,png}``.
+``experiments/results/seeds.{md,json,csv,png}``. Each finished seed's table and weights are stored as it goes
+(``seeds_runs.csv``, ``seeds_weights.csv``, under the fingerprint of the main job's code), so a stopped run goes on
+from the next seed (``--restart`` forgets them; ``--report-only`` reports what is stored).
 """
 import json
 from pathlib import Path
 
 import pandas as pd
 
+from pyterrier_multiquery.experiment.cache import code_fingerprint
 from pyterrier_multiquery.experiment.evaluation import experiment_parser, write_report
 from pyterrier_multiquery.experiment.main import main as main_job
+from pyterrier_multiquery.experiment.parts import StoredParts
 
 RESULTS = Path(__file__).parent / 'results'
 MEASURES = ['MRecall@5', 'MRecall@10']
@@ -53,21 +57,35 @@ def figure(runs: pd.DataFrame):
     return fig
 
 
+def run_seed(parts: StoredParts, seed: int, args) -> None:
+    """Runs the main job with ``seed`` and stores its table and the weights its training chose."""
+    out = args.out.with_name(f'{args.out.name}_seed{seed}.csv')
+    assert main_job(['--data-root', str(args.data_root), '--cache-dir', str(args.cache_dir), '--seed', str(seed),
+                     '--save', str(out)]) == 0
+    table = pd.read_csv(out)
+    out.unlink()
+    tests = [f'{m} p-value vs MiniLM-FT' for m in MEASURES if f'{m} p-value vs MiniLM-FT' in table.columns]
+    parts.add(runs=table[['name'] + MEASURES + tests].rename(columns={'name': 'system'}).assign(seed=seed),
+              weights=pd.DataFrame([{'seed': seed, **chosen_weights(Path(args.cache_dir), seed)}]))
+
+
 def main():
     parser = experiment_parser(__doc__.splitlines()[0], RESULTS / 'seeds')
     parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
+    parser.add_argument('--restart', action='store_true', help='forget the seeds stored by an earlier run')
+    parser.add_argument('--report-only', action='store_true', help='write the report of the stored seeds only')
     args = parser.parse_args()
-    frames, weights = [], []
-    for seed in args.seeds:
-        out = args.out.with_name(f'{args.out.name}_seed{seed}.csv')
-        assert main_job(['--data-root', str(args.data_root), '--cache-dir', str(args.cache_dir), '--seed', str(seed),
-                         '--save', str(out)]) == 0
-        table = pd.read_csv(out)
-        out.unlink()
-        tests = [f'{m} p-value vs MiniLM-FT' for m in MEASURES if f'{m} p-value vs MiniLM-FT' in table.columns]
-        frames.append(table[['name'] + MEASURES + tests].rename(columns={'name': 'system'}).assign(seed=seed))
-        weights.append({'seed': seed, **chosen_weights(Path(args.cache_dir), seed)})
-    runs = pd.concat(frames, ignore_index=True)
+    code = {'code': code_fingerprint('pyterrier_multiquery.experiment.main')}
+    parts = StoredParts(args.out, ('runs', 'weights'), None if args.report_only else code, restart=args.restart)
+    if not args.report_only:
+        for seed in args.seeds:
+            if not parts.done('weights', seed=seed):   # a seed's weights are stored after its table
+                run_seed(parts, seed, args)
+    runs, weights = parts.frames['runs'], parts.frames['weights']
+    if runs.empty:
+        raise SystemExit(f'no stored seeds in {parts.paths["runs"]}')
+    runs = runs[runs['seed'].isin(args.seeds)].copy()
+    weights = weights[weights['seed'].isin(args.seeds)].reset_index(drop=True)
     runs['system'] = runs['system'].str.replace(r'\(λ=[0-9.]+\)', '', regex=True)   # MMR's lambda may differ
     spread = runs.groupby('system', sort=False)[MEASURES].agg(['mean', 'std'])
     spread.columns = [f'{m} {s}' for m, s in spread.columns]
@@ -79,10 +97,11 @@ def main():
     table = table.reset_index()
     write_report(args.out, 'The main job over training seeds', __doc__.split('\n\n', 2)[2],
                  {'Test figures over seeds (mean, standard deviation)': table,
-                  'Departure weights chosen by each seed': pd.DataFrame(weights)},
-                 extra={'seeds': args.seeds}, figure=figure(runs), csv=True)
+                  'Departure weights chosen by each seed': weights},
+                 extra={'seeds': sorted(runs['seed'].unique().tolist()), **(parts.settings or {})},
+                 figure=figure(runs), csv=True)
     print(table.to_string(index=False, float_format='%.4f'))
-    print(pd.DataFrame(weights).to_string(index=False))
+    print(weights.to_string(index=False))
 
 
 if __name__ == '__main__':
