@@ -89,7 +89,7 @@ def test_jpr(run_quick):
         'tests': tests.set_index(['system', 'measure', 'questions']), 'choices': view.set_index('rank'),
         'by answers': by_answers}""", limit_s=600)
     assert plots(notebook) == 1
-    systems = ['MiniLM', 'IndepPR', 'JPR']
+    systems = ['MiniLM', 'IndepPR', 'JPR', 'IndepPR (as trained, λ=1)', 'JPR (as trained, λ=1)']
     assert shapes == {
         'kept': [['epoch kept', 'departure weight kept', 'dev at epoch 0', 'dev at the epoch kept', 'best dev'],
                  ['JPR', 'IndepPR']],
