@@ -23,7 +23,8 @@ import numpy as np
 import pandas as pd
 from ir_measures import R, nDCG
 
-from pyterrier_multiquery import minilm, systems
+from pyterrier_multiquery import minilm
+from pyterrier_multiquery.experiment import systems
 from pyterrier_multiquery.cdp import (AVOID_DIVERSITY_BELOW, USE_DIVERSITY_ABOVE, content_word_count, content_words,
                                       dist_sim, diversity_advice, len_sim, paraphrase_ratio, self_bleu)
 from pyterrier_multiquery.cdp.training import synthetic_pairs

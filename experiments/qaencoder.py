@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 from ir_measures import RR, nDCG
 
-from pyterrier_multiquery import minilm, systems
+from pyterrier_multiquery import minilm
+from pyterrier_multiquery.experiment import systems
 from pyterrier_multiquery.experiment.evaluation import experiment_parser, judged_sample, run_experiment, write_report
 from pyterrier_multiquery.generation import QueryGenerator
 from pyterrier_multiquery.loaders import load_dataset

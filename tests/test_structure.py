@@ -146,6 +146,55 @@ def test_experiments_import_the_installed_package():
     assert [str(s.relative_to(PACKAGE.parent)) for s in scripts if 'sys.path.insert' in s.read_text()] == []
 
 
+def defined_names(module: str) -> set:
+    """The names ``from module import ...`` can take, read from the source without importing it: its top-level
+    definitions, assignments and imports, a lazy ``_ATTRIBUTES`` table's keys and, for a package, its submodules."""
+    files = {module_name(f): f for f in PACKAGE.rglob('*.py')}
+    tree = ast.parse(files[module].read_text())
+    names = {sub.rsplit('.', 1)[-1] for sub in files if sub.rpartition('.')[0] == module}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split('.')[0] for alias in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for target in targets for t in ast.walk(target) if isinstance(t, ast.Name))
+            if any(isinstance(t, ast.Name) and t.id == '_ATTRIBUTES' for t in targets):
+                names.update(ast.literal_eval(node.value))
+    return names
+
+
+def unresolved_imports(source: str) -> list:
+    """Each ``from pyterrier_multiquery... import name`` in ``source`` whose module or name the package lacks."""
+    modules = {module_name(f) for f in PACKAGE.rglob('*.py')}
+    missing = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or '').split('.')[0] == PACKAGE.name:
+            if node.module not in modules:
+                missing.append(node.module)
+                continue
+            offered = defined_names(node.module)
+            missing += [f'{node.module}.{alias.name}' for alias in node.names if alias.name not in offered]
+    return missing
+
+
+def test_experiments_import_only_what_the_package_defines():
+    """Every name an experiment imports from the package exists (read from the sources: no script is run)."""
+    scripts = sorted((PACKAGE.parent / 'experiments').rglob('*.py'))
+    assert {f'{s.relative_to(PACKAGE.parent)}: {name}' for s in scripts for name in unresolved_imports(s.read_text())} \
+        == set()
+
+
+def test_the_import_check_finds_a_moved_module_and_a_missing_name():
+    assert unresolved_imports('from pyterrier_multiquery import minilm, MMR, experiment') == []
+    assert unresolved_imports('from pyterrier_multiquery.experiment.evaluation import write_report, SPLIT') == [
+        'pyterrier_multiquery.experiment.evaluation.SPLIT']
+    assert unresolved_imports('def f():\n    from pyterrier_multiquery import minilm, systems\n') == [
+        'pyterrier_multiquery.systems']
+    assert unresolved_imports('from pyterrier_multiquery.nowhere import x') == ['pyterrier_multiquery.nowhere']
+
+
 def public_names(files) -> dict:
     """Each public name defined in ``files`` (module names, top-level functions and classes), lower-cased, with the
     module that defines it."""
