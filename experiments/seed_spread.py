@@ -4,11 +4,12 @@
         --out experiments/results/amer_ramdocs_seeds
 
 Each input is the JSON report an experiment wrote with ``--seed N --out PATH`` (``amer_ramdocs.py``,
-``jpr_ramdocs.py``, ``transfer.py``, ...). Every table present in all of them is combined row by row. The text columns
-equal in every seed name the rows (``system``, ``dataset``, ``trained on``, ...). Each numeric column becomes its mean
-and sample standard deviation over the seeds, and the columns matching ``--per-seed`` (default: ``MRecall@10``, its
-differences and p-values, and the verdict ``floor held``) also keep each seed's value. Other text columns that differ
-between seeds (intervals, settings chosen) are left out. Writes ``--out`` .md/.json.
+``jpr_ramdocs.py``, ``transfer.py``, ...). Every table present in all of them is combined row by row. The text and
+whole-number columns equal in every seed name the rows (``system``, ``dataset``, ``trained on``, ``fold``, ...). Each
+other numeric column becomes its mean and sample standard deviation over the seeds, and the columns matching
+``--per-seed`` (default: ``MRecall@10``, its differences and p-values, and the verdict ``floor held``) also keep each
+seed's value. Other text columns that differ between seeds (intervals, settings chosen) are left out. Writes
+``--out`` .md/.json.
 """
 import argparse
 import json
@@ -39,6 +40,9 @@ def spread(frames: List[pd.DataFrame], seeds: List[str], per_seed: str) -> pd.Da
         raise ValueError(f'the seeds\' tables have {[len(f) for f in frames]} rows: they are not of one experiment')
     numeric = [c for c in first.columns if all(c in f.columns and pd.api.types.is_numeric_dtype(f[c]) and
                                                not pd.api.types.is_bool_dtype(f[c]) for f in frames)]
+    # whole numbers equal in every seed (a fold, a question count) name the rows too
+    numeric = [c for c in numeric if not all(pd.api.types.is_integer_dtype(f[c]) and
+                                             (f[c].to_numpy() == first[c].to_numpy()).all() for f in frames)]
     naming = [c for c in first.columns if c not in numeric and
               all(c in f.columns and f[c].astype(str).equals(first[c].astype(str)) for f in frames[1:])]
     if not naming:

@@ -51,6 +51,15 @@ def test_means_spreads_and_each_seeds_value_worked_out_by_hand(seed_spread, tmp_
     assert (tmp_path / 'spread.md').read_text().startswith('# AMER on RAMDocs, over seeds 0, 1, 2')
 
 
+def test_whole_numbers_equal_in_every_seed_name_the_rows(seed_spread):
+    frames = [pd.DataFrame({'system': ['AMER', 'AMER'], 'fold': [0, 1], 'questions': [100, 99 + seed],
+                            'weight': [0.25 * seed, 0.5]}) for seed in (0, 1, 2)]
+    out = seed_spread.spread(frames, ['0', '1', '2'], 'weight')
+    assert list(out.columns[:2]) == ['system', 'fold'] and list(out['fold']) == [0, 1]
+    assert list(out['questions mean']) == [100, 100]  # differs by seed: a figure, not a name
+    assert list(out['weight mean']) == [0.25, 0.5] and list(out['weight seed 2']) == [0.5, 0.5]
+
+
 def test_tables_of_other_rows_are_refused(seed_spread):
     ours = pd.DataFrame({'system': ['MiniLM', 'AMER'], 'MRecall@10': [0.8, 0.9]})
     with pytest.raises(ValueError, match=r'\[2, 1\] rows'):
