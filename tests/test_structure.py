@@ -1,5 +1,6 @@
 """The package's structure: its modules import one another without cycles."""
 import ast
+import functools
 import graphlib
 from pathlib import Path
 
@@ -25,8 +26,14 @@ def imports(file: Path, modules: set) -> set:
     return found
 
 
+@functools.lru_cache(maxsize=None)
+def module_files() -> dict:
+    """Each of the package's modules by name, with its file."""
+    return {module_name(f): f for f in PACKAGE.rglob('*.py')}
+
+
 def import_graph() -> dict:
-    files = {module_name(f): f for f in PACKAGE.rglob('*.py')}
+    files = module_files()
     modules = set(files)
     # a package's __init__ re-exports its modules lazily by name; importing it is not importing them
     return {name: imports(file, modules) - {name} for name, file in files.items()}
@@ -149,7 +156,7 @@ def test_experiments_import_the_installed_package():
 def defined_names(module: str) -> set:
     """The names ``from module import ...`` can take, read from the source without importing it: its top-level
     definitions, assignments and imports, a lazy ``_ATTRIBUTES`` table's keys and, for a package, its submodules."""
-    files = {module_name(f): f for f in PACKAGE.rglob('*.py')}
+    files = module_files()
     tree = ast.parse(files[module].read_text())
     names = {sub.rsplit('.', 1)[-1] for sub in files if sub.rpartition('.')[0] == module}
     for node in tree.body:
@@ -167,7 +174,7 @@ def defined_names(module: str) -> set:
 
 def unresolved_imports(source: str) -> list:
     """Each ``from pyterrier_multiquery... import name`` in ``source`` whose module or name the package lacks."""
-    modules = {module_name(f) for f in PACKAGE.rglob('*.py')}
+    modules = module_files()
     missing = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or '').split('.')[0] == PACKAGE.name:
