@@ -2,6 +2,7 @@
 paraphrase queries for SciFact documents, into the query cache.
 
     python experiments/generate_queries.py [--device cuda] [--batch-size 256] [--time-limit 540]
+        [--experiments qaencoder cdp] [--prompts diverse paraphrase]
 
 Jobs, in this order (each a prompt, M queries per document, and the documents), exactly what the experiments read
 at their defaults:
@@ -11,9 +12,11 @@ at their defaults:
   them);
 - ``diverse`` and ``paraphrase``, M = 1 and 3, the training documents (``--train-docs``, as ``cdp.py`` draws them).
 
-The cache (SQLite, keyed by model, settings and prompt) is filled a chunk of documents at a time, so a run stopped
-by ``--time-limit`` keeps what it generated and the next run goes on from there. The experiments build the same
-generator (:func:`pyterrier_multiquery.experiment.systems.query_generator`), so they find every query here and
+``--experiments`` and ``--prompts`` keep some of the jobs (``--experiments cdp`` skips the 5W1H job; two processes
+with ``--prompts diverse`` and ``--prompts paraphrase`` share the CDP jobs between two CPU cores, each filling the
+same cache). The cache (SQLite, keyed by model, settings and prompt) is filled a chunk of documents at a time, so a
+run stopped by ``--time-limit`` keeps what it generated and the next run goes on from there. The experiments build the
+same generator (:func:`pyterrier_multiquery.experiment.systems.query_generator`), so they find every query here and
 generate only what is missing. The cache stays out of the repository: on a CPU filling it takes about 3 s per
 document, so generate on a GPU and copy the file.
 """
@@ -42,6 +45,10 @@ def main():
     parser.add_argument('--time-limit', type=float, default=float('inf'), help='seconds; no chunk starts after')
     parser.add_argument('--qd-sample', type=int, default=300, help='documents of the Q-D sample')
     parser.add_argument('--train-docs', type=int, default=1500, help='documents of the CDP training pairs')
+    parser.add_argument('--experiments', nargs='+', choices=('qaencoder', 'cdp'), default=('qaencoder', 'cdp'),
+                        help='whose queries to generate (default: both)')
+    parser.add_argument('--prompts', nargs='+', choices=PROMPTS, default=PROMPTS,
+                        help="the CDP jobs' prompts (default: both)")
     args = parser.parse_args()
     start = time.perf_counter()
     model = systems.query_generator(args.queries, gguf=args.gguf, device=args.device, batch_size=args.batch_size)
@@ -49,8 +56,10 @@ def main():
     corpus = systems.generation_corpus(scifact)
     sample = document_sample(corpus, args.qd_sample, seed=args.seed)
     train = corpus_subset(corpus, scifact.get_qrels('test'), args.train_docs, seed=args.seed)
-    jobs = [('5w1h', 5, corpus)] + [(prompt, m, sample) for prompt in PROMPTS for m in (1, 3, 5)] + \
-        [(prompt, m, train) for m in (1, 3) for prompt in PROMPTS]
+    jobs = [('5w1h', 5, corpus)] if 'qaencoder' in args.experiments else []
+    if 'cdp' in args.experiments:
+        jobs += [(prompt, m, sample) for prompt in args.prompts for m in (1, 3, 5)] + \
+            [(prompt, m, train) for m in (1, 3) for prompt in args.prompts]
     for prompt, num_queries, docs in jobs:
         querygen = QueryGenerator(model, prompt, num_queries=num_queries)
         # documents of similar length share a chunk, so that its batches are little padding (a random chunk of 64
