@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from pyterrier_multiquery.amer import AMERModel, AMERTrainer
-from pyterrier_multiquery.experiment.amer_task import SETTINGS, TRANSFORMATIONS, make_task
+from pyterrier_multiquery.experiment.amer_task import SETTINGS, TARGETS, TRANSFORMATIONS, make_task
 from pyterrier_multiquery.experiment.evaluation import experiment_parser, per_query, write_report
 from pyterrier_multiquery.index import MultiVectorIndex
 from pyterrier_multiquery.measures import MRecall
@@ -90,14 +90,14 @@ def main():
     wide.columns = [f'{system} {measure}' for measure, system in wide.columns]
     write_report(
         args.out, 'AMER synthetic task (MRecall, %)',
-        f'd = {args.dim}, 5 targets, {args.train_size} training / {args.test_size} test queries, corpus = all '
+        f'd = {args.dim}, {TARGETS} targets, {args.train_size} training / {args.test_size} test queries, corpus = all '
         f'targets + {args.negatives} N(0, I) negatives. Backbone: random Llama config, {args.layers} layers, hidden '
         f'{args.hidden}, fully trained {args.epochs} epochs (batch {args.batch_size}, lr {args.learning_rate}, '
         f'tau {args.temperature}, scheduled sampling p = min(0.8, step/total)). Training took '
         f'{table["train seconds"].sum():.0f}s in all on {args.threads} CPU threads. '
         'Command: `python experiments/amer_synthetic.py`.',
         {'MRecall (%) on the test queries': wide.reset_index()},
-        extra={'settings': vars(args), 'results': rows}, floatfmt='.1f')
+        extra={'settings': {**vars(args), 'targets': TARGETS}, 'results': rows}, floatfmt='.1f')
     print(Path(args.out).with_suffix('.md').read_text())
 
 

@@ -13,6 +13,8 @@ import numpy as np
 DISTRIBUTIONS = ('gaussian', 'gaussian_wide', 'correlated', 'uniform', 'laplace')
 SETTINGS = ('single', 'multi', 'ood')
 TRANSFORMATIONS = ('linear', 'mlp')
+#: Targets per query: the five transformations of its vector.
+TARGETS = 5
 
 
 def random_rotation(dim: int, rng: np.random.Generator) -> np.ndarray:
@@ -124,7 +126,7 @@ def make_task(setting: str = 'single', transformation: str = 'linear', *, dim: i
     train_x, test_x = draw(train_from, train_size), draw(test_from, test_size)
     train_t, test_t = maps(train_x), maps(test_x)
     corpus = np.concatenate([train_t.reshape(-1, dim), test_t.reshape(-1, dim), rng.standard_normal((negatives, dim))])
-    rows = 5 * train_size + np.arange(5 * test_size).reshape(test_size, 5)
+    rows = TARGETS * train_size + np.arange(TARGETS * test_size).reshape(test_size, TARGETS)
     return SyntheticTask(train_x.astype(np.float32), train_t.astype(np.float32), test_x.astype(np.float32),
                          test_t.astype(np.float32), corpus.astype(np.float32), rows)
 
