@@ -2,7 +2,7 @@
 paraphrase queries for SciFact documents, into the query cache.
 
     python experiments/generate_queries.py [--device cuda] [--batch-size 256] [--time-limit 540]
-        [--experiments qaencoder cdp] [--prompts diverse paraphrase]
+        [--experiments qaencoder cdp] [--prompts diverse paraphrase] [--part 1/2]
 
 Jobs, in this order (each a prompt, M queries per document, and the documents), exactly what the experiments read
 at their defaults:
@@ -12,14 +12,16 @@ at their defaults:
   them);
 - ``diverse`` and ``paraphrase``, M = 1 and 3, the training documents (``--train-docs``, as ``cdp.py`` draws them).
 
-``--experiments`` and ``--prompts`` keep some of the jobs (``--experiments cdp`` skips the 5W1H job; two processes
-with ``--prompts diverse`` and ``--prompts paraphrase`` share the CDP jobs between two CPU cores, each filling the
-same cache). The cache (SQLite, keyed by model, settings and prompt) is filled a chunk of documents at a time, so a
-run stopped by ``--time-limit`` keeps what it generated and the next run goes on from there. The experiments build the
-same generator (:func:`pyterrier_multiquery.experiment.systems.query_generator`), so they find every query here and
-generate only what is missing. The cache stays out of the repository: on a CPU filling it takes about 3 s per
-document, so generate on a GPU and copy the file.
+``--experiments`` and ``--prompts`` keep some of the jobs (``--experiments cdp`` skips the 5W1H job); ``--part K/N``
+takes every N-th chunk of each job, from the K-th, so that N processes (``--part 1/2`` and ``--part 2/2`` on two CPU
+cores) share every job evenly, each filling the same cache. The cache (SQLite, keyed by model, settings and prompt)
+is filled a chunk of documents at a time, so a run stopped by ``--time-limit`` keeps what it generated and the next
+run goes on from there. The experiments build the same generator
+(:func:`pyterrier_multiquery.experiment.systems.query_generator`), so they find every query here and generate only
+what is missing. The cache stays out of the repository: on a CPU filling it takes 3 to 5 s per document, so generate
+on a GPU and copy the file.
 """
+import argparse
 import time
 from pathlib import Path
 
@@ -49,6 +51,8 @@ def main():
                         help='whose queries to generate (default: both)')
     parser.add_argument('--prompts', nargs='+', choices=PROMPTS, default=PROMPTS,
                         help="the CDP jobs' prompts (default: both)")
+    parser.add_argument('--part', type=part_of_jobs, default=(1, 1), metavar='K/N',
+                        help='every N-th chunk of each job, from the K-th (default: 1/1, every chunk)')
     args = parser.parse_args()
     start = time.perf_counter()
     model = systems.query_generator(args.queries, gguf=args.gguf, device=args.device, batch_size=args.batch_size)
@@ -65,7 +69,9 @@ def main():
         # documents of similar length share a chunk, so that its batches are little padding (a random chunk of 64
         # SciFact documents, sorted, was still half padding at batch 32)
         docs = docs.iloc[np.argsort(docs[querygen.text_field].str.len().to_numpy(), kind='stable')]
-        for first in pt.tqdm(range(0, len(docs), args.chunk), desc=f'{prompt} M={num_queries}', unit='chunk'):
+        k, n = args.part
+        chunks = range(0, len(docs), args.chunk)[k - 1::n]
+        for first in pt.tqdm(chunks, desc=f'{prompt} M={num_queries}', unit='chunk'):
             if time.perf_counter() - start > args.time_limit:
                 print(f'time limit reached at {prompt} M={num_queries}, document {first}')
                 return
@@ -75,6 +81,17 @@ def main():
                   f'{time.perf_counter() - chunk_start:.1f}s, {out["querygen"].map(len).mean():.2f} queries each',
                   flush=True)
     print(f'done in {time.perf_counter() - start:.0f}s')
+
+
+def part_of_jobs(value: str) -> tuple:
+    """Reads ``--part``'s ``K/N`` (1 <= K <= N)."""
+    try:
+        k, n = (int(number) for number in value.split('/'))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'--part is K/N, such as 1/2, not {value!r}') from None
+    if not 1 <= k <= n:
+        raise argparse.ArgumentTypeError(f'--part {value}: K must be between 1 and N')
+    return k, n
 
 
 if __name__ == '__main__':
