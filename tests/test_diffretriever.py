@@ -324,7 +324,7 @@ def test_budget_selection_oracle_and_correlation():
 
 class _Corpus:
     def get_corpus_iter(self, verbose=False):
-        yield {'docno': 'a', 'title': 'cats', 'text': 'and dogs'}
+        yield {'docno': 'a', 'title': 'cats', 'text': 'cats and dogs'}  # the loaders' text: title first
         yield {'docno': 'b', 'title': '', 'text': 'heart disease protein'}
 
 

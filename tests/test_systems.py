@@ -121,9 +121,16 @@ class _Corpus:
         yield {'docno': 'a', 'title': '', 'text': 'heart disease'}
 
 
-def test_corpus_frames():
-    assert systems.corpus_frame(_Corpus()).to_dict('records') == [{'docno': 'b', 'text': 'Cats and dogs'},
-                                                                 {'docno': 'a', 'text': 'heart disease'}]
+def test_corpus_frames(tmp_path):
+    from pyterrier_multiquery.loaders import load_dataset
+    (tmp_path / 'qrels').mkdir()
+    (tmp_path / 'corpus.jsonl').write_text('{"_id": "b", "title": "Cats", "text": "and dogs"}\n'
+                                           '{"_id": "a", "title": "", "text": "heart disease"}\n')
+    (tmp_path / 'queries.jsonl').write_text('{"_id": "q1", "text": "pets"}\n')
+    (tmp_path / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\nq1\tb\t1\n')
+    # the loader begins the text with the title, which the frame keeps once, as DenseFirstStage reads it
+    assert systems.corpus_frame(load_dataset(str(tmp_path))).to_dict('records') == [
+        {'docno': 'b', 'text': 'Cats and dogs'}, {'docno': 'a', 'text': 'heart disease'}]
     assert systems.generation_corpus(_Corpus()).to_dict('records') == [
         {'docno': 'a', 'title': '', 'text': 'heart disease'}, {'docno': 'b', 'title': 'Cats', 'text': 'and dogs'}]
 

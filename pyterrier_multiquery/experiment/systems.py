@@ -407,10 +407,10 @@ def diffretriever_system(dataset, cache_dir: os.PathLike, model_path, *, mode: s
 
 
 def corpus_frame(dataset) -> pd.DataFrame:
-    """The corpus of a PyTerrier dataset as a frame of ``docno`` and ``text`` (title and text joined), in its order."""
-    rows = [{'docno': d['docno'], 'text': (d.get('title', '') + ' ' + d['text']).strip()}
-            for d in dataset.get_corpus_iter(verbose=False)]
-    return pd.DataFrame(rows)
+    """The corpus of a PyTerrier dataset as a frame of ``docno`` and ``text``, in its order: the ``text`` every
+    encoder here reads (:class:`DenseFirstStage` too), which the package's loaders begin with the title."""
+    return pd.DataFrame([{'docno': d['docno'], 'text': d['text']} for d in dataset.get_corpus_iter(verbose=False)],
+                        columns=['docno', 'text'])
 
 
 def dense(encoder, corpus: Callable[[], pd.DataFrame], path: os.PathLike, *,
