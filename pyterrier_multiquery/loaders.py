@@ -517,6 +517,7 @@ def _iter_jsonl(path: Path) -> Iterator[dict]:
         for number, line in enumerate(f, start=1):
             if line.strip():
                 try:
-                    yield json.loads(line)
+                    record = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise ValueError(f'{str(path)!r} line {number} is not valid JSON: {e}') from None
+                yield record
