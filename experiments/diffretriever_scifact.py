@@ -9,8 +9,8 @@ single-vector encoder, exhaustive search) by a paired bootstrap of per-query fig
 
 - DiffRetriever zero-shot with ``vectors='masks'`` (the paper: K mask positions' states, MaxSim; their sparse
   weights; the hybrid) and ``vectors='tokens'`` (the text tokens' states of the same pass, MaxSim, and its hybrid
-  with the masks' sparse weights): experiments/diffretriever_variants.py shows, on SciFact's train queries, that no
-  reading of MiniLM's mask positions retrieves zero-shot while its text tokens do;
+  with the masks' sparse weights): experiments/diffretriever_variants.py shows, on SciFact's train queries, that
+  no dense reading of MiniLM's mask positions retrieves zero-shot while its text tokens do;
 - DiffRetriever fine-tuned (``DiffRetrieverTrainer``, every weight, masks' dense and sparse losses) on SciFact's train
   queries with a BM25 hard negative each (PISA over the full corpus), then read as the paper reads it.
 
