@@ -64,13 +64,13 @@ def main():
     if 'cdp' in args.experiments:
         jobs += [(prompt, m, sample) for prompt in args.prompts for m in (1, 3, 5)] + \
             [(prompt, m, train) for m in (1, 3) for prompt in args.prompts]
+    part, parts = args.part
     for prompt, num_queries, docs in jobs:
         querygen = QueryGenerator(model, prompt, num_queries=num_queries)
         # documents of similar length share a chunk, so that its batches are little padding (a random chunk of 64
         # SciFact documents, sorted, was still half padding at batch 32)
         docs = docs.iloc[np.argsort(docs[querygen.text_field].str.len().to_numpy(), kind='stable')]
-        k, n = args.part
-        chunks = range(0, len(docs), args.chunk)[k - 1::n]
+        chunks = range(0, len(docs), args.chunk)[part - 1::parts]
         for first in pt.tqdm(chunks, desc=f'{prompt} M={num_queries}', unit='chunk'):
             if time.perf_counter() - start > args.time_limit:
                 print(f'time limit reached at {prompt} M={num_queries}, document {first}')
