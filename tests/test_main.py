@@ -88,7 +88,17 @@ def small_ramdocs(data_dir, tmp_path_factory):
     return path
 
 
-def test_main_job_trains_amer_and_jpr_once_reproducibly_and_reuses_them(small_ramdocs, tmp_path, capsys, monkeypatch):
+@pytest.fixture
+def short_schedules(monkeypatch):
+    """The main job's trainings at one or two epochs: what these tests check (what is trained, on what, cached and
+    reproduced) does not depend on how long each training runs, and the default schedules take minutes here."""
+    from pyterrier_multiquery.experiment import main as main_module
+    for name, epochs in {main_module.FINE_TUNED: 1, 'AMER': 2, 'JPR': 2}.items():
+        monkeypatch.setitem(main_module.SCHEDULES[name], 'epochs', epochs)
+
+
+def test_main_job_trains_amer_and_jpr_once_reproducibly_and_reuses_them(small_ramdocs, tmp_path, capsys, monkeypatch,
+                                                                         short_schedules):
     cache, out = tmp_path / 'cache', tmp_path / 'table.csv'
     assert main(['--dataset', str(small_ramdocs), '--cache-dir', str(cache), '--save', str(out)]) == 0
     printed, shown = capsys.readouterr()
@@ -150,7 +160,7 @@ def test_main_job_explains_an_irds_dataset_it_cannot_download(tmp_path, capsys, 
     assert not (tmp_path / 'cache').exists()
 
 
-def test_main_job_trains_on_another_collection_when_asked(small_ramdocs, tmp_path, capsys):
+def test_main_job_trains_on_another_collection_when_asked(small_ramdocs, tmp_path, capsys, short_schedules):
     folder = tmp_path / 'beir'
     (folder / 'qrels').mkdir(parents=True)
     texts = ['broken bow is a city in nebraska', 'the population of broken bow', 'a lake', 'a city in oklahoma']
