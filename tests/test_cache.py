@@ -140,6 +140,11 @@ def test_code_fingerprint_follows_the_modules_a_module_imports(tmp_path):
     imported = package / 'amer' / 'training.py'       # imported by the systems module (inside train_amer)
     imported.write_text(imported.read_text() + '\n# a comment\n')
     assert code_fingerprint(module, package_dir=package) != before
+    # a module edited to import another is read again in the same process: the other module counts from then on
+    imported.write_text(imported.read_text() + 'import pyterrier_multiquery.cdp.complexity\n')
+    importing = code_fingerprint(module, package_dir=package)
+    unrelated.write_text(unrelated.read_text() + '# another comment\n')
+    assert code_fingerprint(module, package_dir=package) != importing
     with pytest.raises(ValueError, match='no module'):
         code_fingerprint('pyterrier_multiquery.nowhere', package_dir=package)
 

@@ -9,6 +9,7 @@ temporary name and renamed when complete, and an inter-process lock per entry le
 folder: the second waits for the first's build and then uses it.
 """
 import ast
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -61,16 +62,27 @@ def _imported(file: Path, files: Dict[str, Path]) -> set:
     """The package's modules ``file`` imports: by name, and through a package's lazy names (``from
     pyterrier_multiquery.amer import AMERTrainer`` imports ``amer.training``, which ``amer/__init__.py`` names in its
     ``_ATTRIBUTES``), at any depth of packages."""
-    found = set()
-    for node in ast.walk(ast.parse(file.read_bytes())):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            for alias in node.names:
-                found.add(f'{node.module}.{alias.name}')
-                found.update(_lazily_imported(node.module, alias.name, files))
+    names, imported_from = _import_statements(file.read_bytes())
+    found = set(names)
+    for module, aliases in imported_from:
+        found.add(module)
+        for alias in aliases:
+            found.add(f'{module}.{alias}')
+            found.update(_lazily_imported(module, alias, files))
     return {name for name in found if name in files}
+
+
+@functools.lru_cache(maxsize=None)
+def _import_statements(source: bytes) -> tuple:
+    """The absolute imports of a module's source: the names of its ``import`` statements, and ``(module, names)``
+    of its ``from`` imports (parsed once per source in a process: a fingerprint reads every module again)."""
+    names, imported_from = [], []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            imported_from.append((node.module, tuple(alias.name for alias in node.names)))
+    return tuple(names), tuple(imported_from)
 
 
 def _lazily_imported(package: str, name: str, files: Dict[str, Path]) -> set:
@@ -78,7 +90,7 @@ def _lazily_imported(package: str, name: str, files: Dict[str, Path]) -> set:
     in its ``__init__``), following packages that do the same."""
     found = set()
     while package in files and files[package].name == '__init__.py':
-        lazy = _lazy_attributes(files[package])
+        lazy = _lazy_attributes(files[package].read_bytes())
         if name not in lazy:
             break
         package = f'{package}.{lazy[name]}'
@@ -86,9 +98,10 @@ def _lazily_imported(package: str, name: str, files: Dict[str, Path]) -> set:
     return found
 
 
-def _lazy_attributes(init: Path) -> Dict[str, str]:
-    """The ``_ATTRIBUTES`` dict literal of a package's ``__init__`` (name: submodule), or an empty one."""
-    for node in ast.parse(init.read_bytes()).body:
+@functools.lru_cache(maxsize=None)
+def _lazy_attributes(init_source: bytes) -> Dict[str, str]:
+    """The ``_ATTRIBUTES`` dict literal of a package's ``__init__`` source (name: submodule), or an empty one."""
+    for node in ast.parse(init_source).body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == '_ATTRIBUTES'
                                                 for t in node.targets) and isinstance(node.value, ast.Dict):
             return {k.value: v.value for k, v in zip(node.value.keys, node.value.values)
