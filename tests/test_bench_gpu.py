@@ -37,8 +37,9 @@ def test_the_reference_takes_each_ragged_documents_maximum(bench):
 
 
 def test_a_tiny_dry_run_writes_the_report(bench, tmp_path, monkeypatch):
-    from pyterrier_multiquery.index import shardwise
+    from pyterrier_multiquery.index import calibration, shardwise
     monkeypatch.setattr(shardwise, 'uses_length_groups', shardwise.uses_length_groups)  # the dry run replaces it
+    monkeypatch.setattr(calibration, 'SEARCH_EFFORTS', (32,))  # the report's rows, not the calibration's grid
     out = tmp_path / 'report'
     monkeypatch.setenv('PYTERRIER_MULTIQUERY_CALIBRATIONS', str(tmp_path / 'calibrations'))
     monkeypatch.setattr(sys, 'argv', ['bench_gpu.py', '--device', 'cpu', '--workloads', 'ragged-1k', '--repeats', '1',
