@@ -116,11 +116,14 @@ def small_ramdocs(data_dir, tmp_path_factory):
 
 @pytest.fixture
 def short_schedules(monkeypatch):
-    """The main job's trainings at one epoch each: what these tests check (what is trained, on what, cached and
-    reproduced) does not depend on how long each training runs, and the default schedules take minutes here."""
+    """The main job's trainings at one epoch each, JPR's over MiniLM's top 10 cut to 64 tokens (20 and 128): what
+    these tests check (what is trained, on what, cached and reproduced) does not depend on how long each training
+    runs or on how much it reads, and the default schedules take minutes here."""
     from pyterrier_multiquery.experiment import main as main_module
-    for name, epochs in {main_module.FINE_TUNED: 1, 'AMER': 1, 'JPR': 1}.items():
-        monkeypatch.setitem(main_module.SCHEDULES[name], 'epochs', epochs)
+    for name in (main_module.FINE_TUNED, 'AMER', 'JPR'):
+        monkeypatch.setitem(main_module.SCHEDULES[name], 'epochs', 1)
+    monkeypatch.setitem(main_module.SCHEDULES['JPR'], 'num_candidates', 10)
+    monkeypatch.setitem(main_module.SCHEDULES['JPR'], 'max_length', 64)
 
 
 def test_main_job_trains_amer_and_jpr_once_reproducibly_and_reuses_them(small_ramdocs, tmp_path, capsys, monkeypatch,
