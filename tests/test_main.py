@@ -22,6 +22,16 @@ def test_import_is_cheap():
     assert heavy == '[]'
 
 
+#: The measures of the main job's table, in its order.
+MEASURES = ['MRecall@5', 'MRecall@10', 'MRecall@100', 'AnswerRecall@10', 'alpha_nDCG@10', 'nDCG@10']
+
+
+def assert_pinned(table: pd.DataFrame, expected: dict) -> None:
+    """Each named row of a main-job table (indexed by name) has the expected figures of MEASURES, to 0.002."""
+    for name, figures in expected.items():
+        assert table.loc[name, MEASURES].tolist() == pytest.approx(figures, abs=0.002), name
+
+
 @pytest.mark.slow
 def test_main_job_on_ramdocs(data_dir, tmp_path, capfd):
     """The README's main job on RAMDocs's test split, training no model; figures pinned as measured. Slow (over two
@@ -34,15 +44,13 @@ def test_main_job_on_ramdocs(data_dir, tmp_path, capfd):
     assert 'MMR lambda 0.95 chosen on the training split (MRecall@10 0.5: 0.252, 0.7: 0.711' in printed
     assert '[info]' not in printed     # PISA's log (native output) stays hidden
     table = pd.read_csv(out).set_index('name')
-    measures = ['MRecall@5', 'MRecall@10', 'MRecall@100', 'AnswerRecall@10', 'alpha_nDCG@10', 'nDCG@10']
-    assert list(table.columns[:6]) == measures and 'MRecall@10 p-value' in table.columns
+    assert list(table.columns[:6]) == MEASURES and 'MRecall@10 p-value' in table.columns
     expected = {
         'BM25': [0.8241, 0.8844, 0.9497, 0.9305, 0.8168, 0.7748],
         'MiniLM': [0.8090, 0.8894, 0.9698, 0.9447, 0.8062, 0.7768],
         'MiniLM >> MMR(λ=0.95)': [0.7990, 0.8945, 0.9698, 0.9472, 0.8048, 0.7734],
     }
-    for name, figures in expected.items():
-        assert table.loc[name, measures].tolist() == pytest.approx(figures, abs=0.002), name
+    assert_pinned(table, expected)
 
 
 def test_main_job_on_a_ramdocs_slice(data_dir, tmp_path, capfd):
@@ -58,15 +66,13 @@ def test_main_job_on_a_ramdocs_slice(data_dir, tmp_path, capfd):
     assert ('MMR lambda 0.8 chosen on the training split (MRecall@10 0.5: 0.389, 0.7: 0.778, 0.8: 0.972, 0.9: 0.944, '
             '0.95: 0.944)') in printed
     table = pd.read_csv(out).set_index('name')
-    measures = ['MRecall@5', 'MRecall@10', 'MRecall@100', 'AnswerRecall@10', 'alpha_nDCG@10', 'nDCG@10']
     expected = {
         'BM25': [0.8333, 0.9583, 0.9583, 0.9861, 0.8576, 0.8178],
         'MiniLM': [0.8750, 0.9583, 1.0000, 0.9861, 0.8943, 0.8698],
         'MiniLM >> MMR(λ=0.8)': [0.8750, 0.9167, 1.0000, 0.9722, 0.8763, 0.8419],
     }
     assert table.index.tolist() == list(expected)
-    for name, figures in expected.items():
-        assert table.loc[name, measures].tolist() == pytest.approx(figures, abs=0.002), name
+    assert_pinned(table, expected)
 
 
 def test_main_job_names_a_missing_dataset(tmp_path, capsys):
