@@ -8,7 +8,7 @@ import pytest
 
 from pyterrier_multiquery.generation import (CachedGenerator, GenerationError, HuggingFaceGenerator,
                                              OpenAICompatibleGenerator, TextGenerator, parse_queries)
-from pyterrier_multiquery.generation.huggingface import smollm2
+from pyterrier_multiquery.generation.huggingface import _batches, smollm2
 
 
 @pytest.mark.parametrize('text, expected', [
@@ -100,6 +100,36 @@ def test_huggingface_backend_batches_like_single_prompts(tiny_llama):
     # left padding: each prompt's greedy continuation is the same alone and in a batch of unequal lengths
     assert [generator.generate([p])[0] for p in prompts] == batched
     assert generator.generate(prompts) == batched  # greedy is deterministic
+
+
+def test_prompts_sharing_a_passage_are_grouped_behind_their_prefix():
+    passage, other = [1, 2, 3, 4, 5], [1, 6, 7, 8, 9]  # both open with token 1, as prompts open with a template
+    ids = [passage + [20, 21], passage + [22], other + [22], other + [20, 21], [30, 31, 32]]
+    # each passage is run once (5 tokens), then its two questions, which are the same for both passages; the prompt
+    # sharing nothing is a group of its own, generated whole
+    assert list(_batches(ids, batch_size=2)) == [([[0, 1], [3, 2]], [5, 5]), ([[4]], [3])]
+    assert list(_batches(ids, batch_size=1)) == [([[0, 1]], [5]), ([[3, 2]], [5]), ([[4]], [3])]
+    # a prompt repeated keeps one token of its own to run after the shared prefix
+    assert list(_batches([[1, 2, 3], [1, 2, 3]], batch_size=4)) == [([[0, 1]], [2])]
+
+
+def test_huggingface_backend_runs_a_shared_passage_once(tiny_llama):
+    generator = HuggingFaceGenerator(str(tiny_llama), max_new_tokens=5, batch_size=4)
+    passages = ['w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11 w12', 'w20 w21 w22 w23 w24 w25 w26 w27 w28']
+    questions = ['w40 w41', 'w42', 'w43 w44 w45']
+    prompts = [f'{passage} {question}' for passage in passages for question in questions]
+    lengths = []
+    forward = generator.model.forward
+    generator.model.forward = lambda *args, **kwargs: lengths.append(kwargs['input_ids'].shape[1]) or \
+        forward(*args, **kwargs)
+    together = generator.generate(prompts)
+    generator.model.forward = forward
+    # the passages once, after the template's <user>, left-padded to the longer (12 words); then each question's
+    # words and the template's <assistant>, followed by one token per step
+    assert lengths[0] == 1 + 12
+    assert sorted(n for n in lengths[1:] if n > 1) == [1 + 1, 2 + 1, 3 + 1]
+    # and what each prompt gets is what it gets alone
+    assert together == [generator.generate([p])[0] for p in prompts]
 
 
 def test_huggingface_backend_sampling_follows_seed(tiny_llama):
