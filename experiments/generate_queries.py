@@ -20,8 +20,8 @@ on two CPU cores) share every job evenly, each filling the same cache. The cache
 prompt) is filled a chunk of documents at a time, so a run stopped by ``--time-limit`` keeps what it generated and the
 next run goes on from there. The experiments build the same generator
 (:func:`pyterrier_multiquery.experiment.systems.query_generator`), so they find every query here and generate only
-what is missing. The cache stays out of the repository: on a CPU core filling it takes about 2.6 s per generation
-(the six CDP prompts of median-length SciFact documents, batch 32), some 5.7 core-hours for the 7,800 ``cdp.py``
+what is missing. The cache stays out of the repository: on a CPU core filling it takes about 2.0 s per generation
+(the six CDP prompts of median-length SciFact documents, batch 32), some 4.4 core-hours for the 7,800 ``cdp.py``
 reads, so generate on a GPU and copy the file.
 """
 import argparse

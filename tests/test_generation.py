@@ -8,6 +8,7 @@ import pytest
 
 from pyterrier_multiquery.generation import (CachedGenerator, GenerationError, HuggingFaceGenerator,
                                              OpenAICompatibleGenerator, TextGenerator, parse_queries)
+from pyterrier_multiquery.generation import huggingface
 from pyterrier_multiquery.generation.huggingface import _batches, smollm2
 
 
@@ -130,6 +131,25 @@ def test_huggingface_backend_runs_a_shared_passage_once(tiny_llama):
     assert sorted(n for n in lengths[1:] if n > 1) == [1 + 1, 2 + 1, 3 + 1]
     # and what each prompt gets is what it gets alone
     assert together == [generator.generate([p])[0] for p in prompts]
+
+
+def test_huggingface_backend_drops_rows_that_have_ended(tiny_llama, monkeypatch):
+    generator = HuggingFaceGenerator(str(tiny_llama), max_new_tokens=12, batch_size=8)
+    # an end the random model writes second in most rows and never in one (which repeats w40 to the last token)
+    generator.model.generation_config.eos_token_id = generator.tokenizer.convert_tokens_to_ids('w26')
+    prompts = [f'w{i} w{i + 1} w{i + 2}' for i in range(6, 30, 3)]
+    rows = []
+    forward = generator.model.forward
+    generator.model.forward = lambda *args, **kwargs: rows.append(kwargs['input_ids'].shape[0]) or \
+        forward(*args, **kwargs)
+    monkeypatch.setattr(huggingface, 'DECODE_ROUND', 12)
+    one_round = generator.generate(prompts)
+    assert set(rows) == {8}  # the batch runs until its last row ends
+    rows.clear()
+    monkeypatch.setattr(huggingface, 'DECODE_ROUND', 2)
+    assert generator.generate(prompts) == one_round
+    assert rows[:2] == [8, 8] and max(rows[2:]) < 8  # the rows that ended are dropped after the first round
+    assert sum(text.endswith('w26') for text in one_round) >= 6 and any('w26' not in t for t in one_round)
 
 
 def test_huggingface_backend_sampling_follows_seed(tiny_llama):
