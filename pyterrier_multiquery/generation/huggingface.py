@@ -112,7 +112,8 @@ class HuggingFaceGenerator(TextGenerator):
         """Generates from each row of ``inputs`` into ``cache`` (which may hold its first tokens already),
         :data:`DECODE_ROUND` tokens at a time, the rows that have ended dropped after each round, so that the rows
         still generating do not carry the finished ones: the texts generated."""
-        import torch
+        with requires('generation'):
+            import torch
         ends = self.model.generation_config.eos_token_id
         ends = torch.tensor([] if ends is None else ends, dtype=torch.long, device=self.device).flatten()
         rows = list(range(len(inputs)))
