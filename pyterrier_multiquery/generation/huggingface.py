@@ -11,6 +11,7 @@ import pyterrier as pt
 from pyterrier_multiquery._device import resolve_device
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.generation.base import Messages, TextGenerator
+from pyterrier_multiquery.generation.gguf import converted_gguf
 
 #: Tokens generated between two drops of the rows that have ended.
 DECODE_ROUND = 32
@@ -19,8 +20,9 @@ DECODE_ROUND = 32
 class HuggingFaceGenerator(TextGenerator):
     """Batched generation with a local causal LM through transformers, the tokenizer's chat template applied.
 
-    Greedy decoding at ``temperature=0`` (the default), sampling otherwise. A GGUF checkpoint is loaded by
-    transformers' GGUF reader (``gguf_file`` inside the ``model`` folder), dequantised to float32.
+    Greedy decoding at ``temperature=0`` (the default), sampling otherwise. A GGUF checkpoint (``gguf_file`` inside
+    the ``model`` folder) is dequantised to float32 by transformers' GGUF reader once, on first use, and loaded from
+    the converted copy after that (:func:`~pyterrier_multiquery.generation.gguf.converted_gguf`).
 
     Prompts that share most of their tokens (one passage asked for queries in several ways, in one call) run their
     shared prefix through the model once and continue from a copy of its key-value cache; the cache is static, which
@@ -55,14 +57,15 @@ class HuggingFaceGenerator(TextGenerator):
         self.device = resolve_device(device)
         self.seed = seed
         self.verbose = verbose
-        load_args = {'gguf_file': gguf_file} if gguf_file else {}
-        self.tokenizer = AutoTokenizer.from_pretrained(model, **load_args)
+        if gguf_file:
+            model = str(converted_gguf(model, gguf_file, verbose=verbose))
+        self.tokenizer = AutoTokenizer.from_pretrained(model)
         self.tokenizer.padding_side = 'left'  # generation continues from the right end of every row
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        # transformers' GGUF reader shows a bar of its own, whatever its progress-bar setting
+        # transformers shows a loading bar of its own, whatever its progress-bar setting
         with contextlib.nullcontext() if verbose else contextlib.redirect_stderr(io.StringIO()):
-            self.model = AutoModelForCausalLM.from_pretrained(model, **load_args).to(self.device).eval()
+            self.model = AutoModelForCausalLM.from_pretrained(model).to(self.device).eval()
 
     def settings(self) -> Dict:
         return {'max_new_tokens': self.max_new_tokens, 'temperature': self.temperature, 'top_p': self.top_p,
