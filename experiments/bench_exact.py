@@ -59,6 +59,14 @@ K = 10
 WORKLOADS = ['clustered-20k', 'ragged-20k', 'dim96-20k', 'clustered-100k', 'minilm-scifact']
 
 
+def cpu_name() -> str:
+    """The processor's model name (from /proc/cpuinfo where there is one)."""
+    info = Path('/proc/cpuinfo')
+    names = [line.split(':', 1)[1].strip() for line in (info.read_text().splitlines() if info.exists() else ())
+             if line.startswith('model name')]
+    return names[0] if names else platform.processor()
+
+
 def matmul_peak(threads: int, size: int = 4096, repeats: int = 5) -> float:
     """float32 GFLOP/s of a large square matmul: the median of ``repeats``."""
     torch.set_num_threads(threads)
@@ -289,8 +297,7 @@ def main():
     table = pd.DataFrame(rows)
     table.insert(table.columns.get_loc('recall@10 index vs einsum'), 'index % of fp32 peak',
                  100 * table['index exact GFLOP/s'] / max(peaks))  # the higher peak: the lower, safer share
-    cpu = next((line.split(':', 1)[1].strip() for line in Path('/proc/cpuinfo').read_text().splitlines()
-                if line.startswith('model name')), platform.processor())
+    cpu = cpu_name()
     text = (f'Machine: {os.cpu_count()} CPUs ({cpu}), {args.threads} threads, load average {os.getloadavg()[0]:.2f} '
             f'at the end; torch {torch.__version__}; the index screened in {screening_dtype("cpu")}. float32 matmul '
             f'peak: {peaks[0]:.0f} GFLOP/s before the workloads, {peaks[1]:.0f} after. The run took '

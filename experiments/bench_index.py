@@ -32,7 +32,6 @@ bench_index_peers.png (queries/s against recall@10).
 """
 import argparse
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -100,8 +99,7 @@ def report(args, exact_rows: list, peaks: list, peer_rows: list, started: float)
     done_exact, done_peers = list(exact['workload']), list(dict.fromkeys(r['workload'] for r in peer_rows))
     missing = [f'{w} (part 1)' for w in args.workloads if w not in done_exact] + \
         [f'{w} (part 2)' for w in args.peer_workloads if w not in done_peers]
-    cpu = next((line.split(':', 1)[1].strip() for line in Path('/proc/cpuinfo').read_text().splitlines()
-                if line.startswith('model name')), platform.processor())
+    cpu = bench_exact.cpu_name()
     failed = [f"{r['engine']} {r['build']} on {r['workload']}: {r['failed'].strip().splitlines()[-1]}"
               for r in peer_rows if 'failed' in r]
     text = (f'Machine: {os.cpu_count()} CPUs ({cpu}), {args.threads} threads, load average {os.getloadavg()[0]:.2f} '
