@@ -41,10 +41,8 @@ def arrays(name: str, work: Path) -> Path:
     """The workload's documents (vectors, lengths) and queries as arrays in ``work``, generated once."""
     folder = work / 'arrays' / name
     if not (folder / 'queries.npy').exists():
-        from pyterrier_multiquery.experiment.clustered_collection import clustered_collection
-        kind, size = name.rsplit('-', 1)
-        settings = {'clustered': {}, 'ragged': {'min_vectors': 4, 'max_vectors': 64}, 'dim96': {'dim': 96}}[kind]
-        docs, queries = clustered_collection(int(size[:-1]) * 1000, topics=2000, query_count=200, **settings)
+        from bench_exact import synthetic   # here, not at the top: a worker imports an older checkout's package
+        docs, queries = synthetic(name)
         vectors = [d['doc_embs'] for d in docs]
         folder.mkdir(parents=True, exist_ok=True)
         np.save(folder / 'lengths.npy', np.array([len(v) for v in vectors]))
