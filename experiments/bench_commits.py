@@ -38,16 +38,20 @@ COLUMNS = ['workload', 'system', 'old median s', 'new median s', 'new / old (med
 
 
 def arrays(name: str, work: Path) -> Path:
-    """The workload's documents (vectors, lengths) and queries as arrays in ``work``, generated once."""
+    """The workload's documents (vectors, lengths) and queries as arrays in ``work``, generated once (into a
+    temporary folder renamed when complete)."""
     folder = work / 'arrays' / name
-    if not (folder / 'queries.npy').exists():
-        from bench_exact import synthetic   # here, not at the top: a worker imports an older checkout's package
+    if not folder.exists():
+        # here, not at the top: a worker imports an older checkout's package
+        from bench_exact import synthetic
+        from pyterrier_multiquery._files import building
         docs, queries = synthetic(name)
         vectors = [d['doc_embs'] for d in docs]
-        folder.mkdir(parents=True, exist_ok=True)
-        np.save(folder / 'lengths.npy', np.array([len(v) for v in vectors]))
-        np.save(folder / 'vectors.npy', np.concatenate(vectors))
-        np.save(folder / 'queries.npy', np.stack(queries))   # written last: the arrays are complete
+        with building(folder) as tmp:
+            tmp.mkdir()
+            np.save(tmp / 'lengths.npy', np.array([len(v) for v in vectors]))
+            np.save(tmp / 'vectors.npy', np.concatenate(vectors))
+            np.save(tmp / 'queries.npy', np.stack(queries))
     return folder
 
 
@@ -124,9 +128,11 @@ def report(args, results: dict) -> str:
             n = np.array([r[new]['seconds'][system] for r in rounds])
             ratio = n / o
             differences = np.log(n) - np.log(o)
-            spread = t.ppf(0.975, len(rounds) - 1) * differences.std(ddof=1) / np.sqrt(len(rounds))
-            mean = (f'{np.exp(differences.mean()):.3f} ({np.exp(differences.mean() - spread):.3f}-'
-                    f'{np.exp(differences.mean() + spread):.3f})' if len(rounds) > 1 else '')
+            mean = ''   # the geometric mean and its interval, from two rounds on
+            if len(rounds) > 1:
+                spread = t.ppf(0.975, len(rounds) - 1) * differences.std(ddof=1) / np.sqrt(len(rounds))
+                mean = (f'{np.exp(differences.mean()):.3f} ({np.exp(differences.mean() - spread):.3f}-'
+                        f'{np.exp(differences.mean() + spread):.3f})')
             p = (float('nan') if len(rounds) < 5 else 1. if not differences.any()   # no pair differs
                  else wilcoxon(differences).pvalue)
             same, recall = '', ''
@@ -156,6 +162,8 @@ def main():
         return
     if len(args.checkouts) != 2 or args.checkouts[0].resolve().name == args.checkouts[1].resolve().name:
         parser.error('give two checkouts, the old and the new, whose folders have different names')
+    if args.rounds < 1 or args.repeats < 1:
+        parser.error(f'--rounds and --repeats must be at least 1, got {args.rounds} and {args.repeats}')
     args.checkouts = [c.resolve() for c in args.checkouts]
     args.work_dir = args.work_dir.resolve()
     args.work_dir.mkdir(parents=True, exist_ok=True)
