@@ -25,11 +25,14 @@ def data_dir():
 
 
 @pytest.fixture(scope='session', autouse=True)
-def gguf_conversions(tmp_path_factory):
-    """GGUF checkpoints are converted into a folder of the session's (the notebooks' kernels inherit it): once per run,
-    and never into the user's cache."""
+def machine_caches(tmp_path_factory):
+    """The caches a machine keeps outside any cache folder a job names, GGUF checkpoints' conversions and approximate
+    search's calibrations, are folders of the session's (the notebooks' kernels and Ray's workers inherit them): a
+    GGUF file is converted once per run, and nothing is written into the user's cache (every index a test builds has
+    a new build id, so its calibrations would pile up there run after run)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv('PYTERRIER_MULTIQUERY_GGUF', str(tmp_path_factory.mktemp('gguf')))
+        patch.setenv('PYTERRIER_MULTIQUERY_CALIBRATIONS', str(tmp_path_factory.mktemp('calibrations')))
         yield
 
 
