@@ -147,6 +147,18 @@ def _assign(inp: pd.DataFrame, columns: Dict[str, list]) -> pd.DataFrame:
     return inp.assign(**{name: pd.Series(values, index=inp.index, dtype=object) for name, values in columns.items()})
 
 
+def _texts(inp: pd.DataFrame, column: str, id_column: str) -> pd.Series:
+    """``inp[column]``, after checking that every row holds a string (a missing text would otherwise be encoded
+    as another row's, or fail deep in the tokenizer)."""
+    texts = inp[column]
+    bad = ~texts.map(lambda text: isinstance(text, str))
+    if bad.any():
+        ids = inp.loc[bad, id_column].tolist()
+        raise ValueError(f'{column!r} is missing or not a string for {id_column} {ids[:5]}'
+                         f'{f" and {len(ids) - 5} more" if len(ids) > 5 else ""}')
+    return texts
+
+
 def _label(encoder: MultiVectorEncoder, side: str) -> str:
     return f"{getattr(encoder, 'schematic', {}).get('label', type(encoder).__name__)} {side}"
 
@@ -165,7 +177,7 @@ class MultiVectorQueryEncoder(DerivedIdentity, pt.Transformer):
         with pt.validate.any(inp) as v:
             v.query_frame(extra_columns=['query'])
             v.columns(includes=['query'])
-        codes, queries = pd.factorize(inp['query'])
+        codes, queries = pd.factorize(_texts(inp, 'query', 'qid'))
         texts = pt.tqdm(queries, desc=repr(self), unit='query') if self.verbose else queries
         encoded = self.encoder.encode_queries(texts, batch_size=self.batch_size)
         columns = {'query_embs': [encoded.embs[c] for c in codes]}
@@ -195,7 +207,7 @@ class MultiVectorDocEncoder(DerivedIdentity, pt.Transformer):
         with pt.validate.any(inp) as v:
             v.document_frame(extra_columns=[self.text_field])
             v.columns(includes=[self.text_field])
-        texts = inp[self.text_field]
+        texts = _texts(inp, self.text_field, 'docno')
         if self.verbose:
             texts = pt.tqdm(texts, desc=repr(self), unit='doc')
         encoded = self.encoder.encode_docs(texts, batch_size=self.batch_size)

@@ -108,6 +108,18 @@ def test_missing_columns_are_named(table):
         enc(pd.DataFrame({'qid': ['1']}))
 
 
+def test_missing_texts_are_named_not_encoded_as_another_rows(table):
+    enc = WordRows(table, device='cpu')
+    for missing in (None, np.nan):
+        queries = pd.DataFrame({'qid': ['1', '2', '3'], 'query': ['cats', missing, 'dogs']})
+        with pytest.raises(ValueError, match=r"'query' is missing or not a string for qid \['2'\]"):
+            enc.query_encoder()(queries)
+    docs = pd.DataFrame({'docno': [f'd{i}' for i in range(7)], 'text': [None] * 6 + ['cats']})
+    with pytest.raises(ValueError, match=r"'text' .* for docno \['d0', 'd1', 'd2', 'd3', 'd4'\] and 1 more"):
+        enc.doc_encoder()(docs)
+    assert enc.batches == []
+
+
 def test_the_encoder_picks_the_side_from_the_columns(table):
     enc = WordRows(table, text_field='body', device='cpu')
     assert 'query_embs' in enc(QUERIES).columns
