@@ -13,7 +13,7 @@ from pyterrier_multiquery.diffretriever import (DiffEmbed, DiffRetriever, Hybrid
                                                 retrieval_pipelines, select_budget)
 from pyterrier_multiquery.diffretriever.encoder import MaskedBackbone  # noqa: E402
 from pyterrier_multiquery.diffretriever.prompts import prompt_ids  # noqa: E402
-from pyterrier_multiquery.diffretriever.sparse import content_token_ids, sparse_weights  # noqa: E402
+from pyterrier_multiquery.diffretriever.sparse import content_token_ids, sparse_weights, to_toks  # noqa: E402
 from pyterrier_multiquery.experiment.systems import diffretriever_system  # noqa: E402
 from pyterrier_multiquery.diffretriever.training import DiffRetrieverTrainer, contrastive_loss, dense_scores  # noqa: E402
 
@@ -126,6 +126,20 @@ def test_max_then_log1p_equals_log1p_then_max():
 def test_content_word_filter(tokenizer):
     ids = ids_of(tokenizer, 'The cats of the heart, cats') + tokenizer.convert_tokens_to_ids(['##s', 'a'])
     assert tokenizer.convert_ids_to_tokens(content_token_ids(tokenizer, ids)) == ['cats', 'heart']
+
+
+def test_token_ids_spelling_one_word_keep_its_largest_weight():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    vocab = {token: i for i, token in enumerate(['<unk>', 'Paris', 'Ġis', 'Ġparis', 'Ġheart', 'Ġretrieval', 'Ġof',
+                                                 'Ġwords'])}
+    words = Tokenizer(models.WordLevel(vocab, unk_token='<unk>'))
+    words.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=words, unk_token='<unk>')
+    allowed = content_token_ids(tok, ids_of(tok, 'Paris is paris heart'))
+    assert allowed == [1, 3, 4]
+    for first, second in ((2., .5), (.5, 2.)):
+        weights = np.array([0., first, 7., second, 0., 0., 0., 0.])
+        assert to_toks(tok, weights, allowed) == {'paris': 2.}  # neither the last id's weight nor a sum
 
 
 def test_sparse_output_restricted_to_input_content_words(encoder):

@@ -39,9 +39,14 @@ def content_token_ids(tokenizer, ids: List[int]) -> List[int]:
 
 
 def to_toks(tokenizer, weights: np.ndarray, allowed: List[int]) -> Dict[str, float]:
-    """The positive weights of the ``allowed`` token ids as a ``{word: weight}`` dict (pyterrier_pisa's ``toks``)."""
-    words = tokenizer.convert_ids_to_tokens(list(allowed))
-    return {_word(w): float(weights[t]) for t, w in zip(allowed, words) if weights[t] > 0}
+    """The positive weights of the ``allowed`` token ids as a ``{word: weight}`` dict (pyterrier_pisa's ``toks``);
+    ids that spell the same word (``Paris``, ``Ġparis``) keep the largest weight, as the pooling over positions does."""
+    toks = {}
+    for t, token in zip(allowed, tokenizer.convert_ids_to_tokens(list(allowed))):
+        if weights[t] > 0:
+            word = _word(token)
+            toks[word] = max(toks.get(word, 0.), float(weights[t]))
+    return toks
 
 
 def _word(token: str) -> str:
