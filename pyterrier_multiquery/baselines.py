@@ -10,6 +10,7 @@ import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import build_once, encoder_digest
+from pyterrier_multiquery._results import by_query_and_score, check_results
 from pyterrier_multiquery._transformer import DerivedIdentity
 
 PathLike = Union[str, Path]
@@ -135,8 +136,8 @@ class MMR(DerivedIdentity, pt.Transformer):
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Re-ranks each query's top ``depth`` documents by MMR."""
         pt.validate.result_frame(inp, extra_columns=['score', 'doc_vec'])
-        _check_scores(inp)
-        inp = inp.sort_values(['qid', 'score'], ascending=[True, False], kind='stable').groupby('qid').head(self.depth)
+        check_results(inp, 'MMR')
+        inp = by_query_and_score(inp).groupby('qid', sort=False).head(self.depth)
         groups = inp.groupby('qid', sort=False)
         if self.verbose:
             groups = pt.tqdm(groups, desc=repr(self), unit='q')
@@ -162,15 +163,6 @@ class MMR(DerivedIdentity, pt.Transformer):
             redundancy = similarity[best] if step == 0 else np.maximum(redundancy, similarity[best])
         return order
 
-
-
-def _check_scores(inp: pd.DataFrame) -> None:
-    """Raises naming the first row whose score is not a finite number."""
-    scores = pd.to_numeric(inp['score'], errors='coerce').to_numpy(dtype=float)
-    if not np.isfinite(scores).all():
-        row = inp.iloc[int(np.argmin(np.isfinite(scores)))]
-        raise ValueError(f'MMR: qid {row["qid"]!r}, docno {row["docno"]!r} has score {row["score"]}; '
-                         'scores must be finite numbers')
 
 
 def _doc_vectors(qid, frame: pd.DataFrame) -> np.ndarray:

@@ -88,6 +88,9 @@ def test_mmr_bad_input():
         frame = pd.DataFrame({'qid': '1', 'query': 'q', 'docno': ['d0', 'd1'], 'score': scores, 'doc_vec': vectors})
         with pytest.raises(ValueError, match=match):
             MMR(0.5)(frame)
+    frame = pd.DataFrame({'qid': '1', 'query': 'q', 'docno': ['d0', 'd0'], 'score': [2., 1.], 'doc_vec': [[1, 0]] * 2})
+    with pytest.raises(ValueError, match="MMR: qid '1' lists docno 'd0' more than once"):
+        MMR(0.5)(frame)
 
 
 def test_mmr_declares_the_columns_it_needs():

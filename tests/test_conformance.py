@@ -239,7 +239,7 @@ CASES: Dict[str, Callable[[Resources], Case]] = {
     'HybridRetriever': lambda r: Case(
         lambda **kw: pm.HybridRetriever(
             r.index.maxsim_retriever(num_results=4), r.index.mean_retriever(num_results=4), **{'num_results': 4, **kw}),
-        {'weight': 0.3}, [['qid', 'query_embs']], ['qid', 'docno', 'score', 'rank'], queries(True)),
+        {'weight': 0.3}, [['qid', 'query_embs']], ['qid', 'query_embs', 'docno', 'score', 'rank'], queries(True)),
     'BackOff': lambda r: Case(
         lambda **kw: pm.BackOff(*r.backoff_systems, r.minilm, ['who won the cup', 'france won in year', 'a city'],
                                 **kw), {'quantile': 0.5},
@@ -336,6 +336,17 @@ def test_full_frame_has_the_empty_frames_columns(case):
     out = transformer(case.sample)
     assert len(out) > 0
     assert list(out.columns) == list(transformer(case.sample.iloc[:0]).columns)
+
+
+def test_queries_keep_their_order_and_their_other_columns(case):
+    """Queries come out in the order they came in (not sorted by qid), each row with the input's other columns."""
+    if 'qid' not in case.sample.columns:
+        pytest.skip('the input has no queries')
+    order = case.sample['qid'].unique()[::-1]
+    sample = pd.concat([case.sample[case.sample['qid'] == qid] for qid in order], ignore_index=True)
+    out = case.make()(sample.assign(tag=sample['qid'] + '!'))
+    assert list(out['qid'].unique()) == list(order)
+    assert (out['tag'] == out['qid'] + '!').all()
 
 
 def test_validation_names_the_missing_column(case):

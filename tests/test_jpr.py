@@ -490,6 +490,10 @@ def test_reranker_errors_and_empty_input(tiny_bert):
         JPR(model, decode='beam')
     with pytest.raises(Exception, match='text'):
         JPR(model)(results().drop(columns='text'))
+    with pytest.raises(ValueError, match="JPR: qid 'q2', docno 'e1' has score nan"):
+        JPR(model)(results().assign(score=[6., 5., 4., 3., 2., 1., 2., np.nan]))
+    with pytest.raises(ValueError, match="JPR: qid 'q2' lists docno 'e0' more than once"):
+        JPR(model)(results().assign(docno=[f'd{i}' for i in range(6)] + ['e0', 'e0']))
     empty = JPR(model)(results().iloc[:0])
     assert empty.empty and {'qid', 'docno', 'score', 'rank'} <= set(empty.columns)
 

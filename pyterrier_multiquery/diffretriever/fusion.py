@@ -5,6 +5,7 @@ from typing import List
 import pandas as pd
 import pyterrier as pt
 
+from pyterrier_multiquery._results import by_query_and_score
 from pyterrier_multiquery._transformer import DerivedIdentity
 
 
@@ -44,9 +45,9 @@ class HybridRetriever(DerivedIdentity, pt.Transformer):
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pt.validate.columns(inp, includes=self.inputs)
-        query_cols = [c for c in inp.columns if c in ('qid', 'query')]
         if not len(inp):
-            return pd.DataFrame(columns=query_cols + ['docno', 'score', 'rank'])
+            return inp.assign(docno=pd.Series(dtype=object), score=pd.Series(dtype=float),
+                              rank=pd.Series(dtype=int))
         sides = []
         for retriever, name in ((self.first, 'first'), (self.second, 'second')):
             res = retriever(inp)
@@ -55,8 +56,8 @@ class HybridRetriever(DerivedIdentity, pt.Transformer):
             sides.append(res[['qid', 'docno', name]])
         merged = sides[0].merge(sides[1], on=['qid', 'docno'], how='outer').fillna({'first': 0., 'second': 0.})
         merged['score'] = self.weight * merged['first'] + (1 - self.weight) * merged['second']
-        merged = merged.drop(columns=['first', 'second']).merge(inp[query_cols].drop_duplicates('qid'), on='qid')
-        merged = merged.sort_values(['qid', 'score', 'docno'], ascending=[True, False, True], kind='stable')
+        queries = inp.drop(columns=['docno', 'score', 'rank'], errors='ignore').drop_duplicates('qid')
+        merged = queries.merge(merged.drop(columns=['first', 'second']), on='qid')
+        merged = by_query_and_score(merged, ties=('docno',))
         merged = merged.groupby('qid', sort=False).head(self.num_results).reset_index(drop=True)
-        merged['rank'] = merged.groupby('qid', sort=False).cumcount()
-        return merged[query_cols + ['docno', 'score', 'rank']]
+        return merged.assign(rank=merged.groupby('qid', sort=False).cumcount())

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from pyterrier_multiquery.jpr.model import JPRModel
 
 from pyterrier_multiquery._extras import requires
+from pyterrier_multiquery._results import by_query_and_score, check_results
 from pyterrier_multiquery._transformer import DerivedIdentity
 from pyterrier_multiquery.jpr.decoding import Decoded, independent_decode, seq_decode, tree_decode
 
@@ -73,7 +74,8 @@ class JPR(DerivedIdentity, pt.Transformer):
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Reranks each query's top ``num_candidates`` passages into the ``k`` chosen ones."""
         pt.validate.result_frame(inp, extra_columns=['query', 'text', 'score'])
-        full = inp.sort_values(['qid', 'score'], ascending=[True, False], kind='stable')
+        check_results(inp, 'JPR')
+        full = by_query_and_score(inp)
         inp = full.groupby('qid', sort=False).head(self.num_candidates)
         rest = dict(iter(full.groupby('qid', sort=False))) if self.append_rest else {}
         groups = inp.groupby('qid', sort=False)
