@@ -224,6 +224,11 @@ def test_query_encoder_feeds_the_multiquery_retriever(tiny_llama, tmp_path):
     np.testing.assert_array_equal(one_at_a_time['query_embs'][0], encoded['query_embs'][0])
     assert repr(encoder) == 'AMER(AMERModel, num_vectors=2)'
     assert encoder == AMER(model) and encoder != AMER(model, num_vectors=1)
+    for bad in (0, -1):  # not "the model's N", nor a failure deep in torch
+        with pytest.raises(ValueError, match=f'num_vectors must be positive, got {bad}'):
+            AMER(model, num_vectors=bad)
+    with pytest.raises(ValueError, match='num_vectors must be positive, got 0'):
+        model.encode(['who won the cup'], 0)
     with pytest.raises(NotImplementedError, match='AMER encodes queries only'):
         encoder.doc_encoder()
 

@@ -151,6 +151,8 @@ def test_sparse_output_restricted_to_input_content_words(encoder):
 def test_encoder_errors_and_empty(encoder):
     with pytest.raises(ValueError, match='k_query must be at least 1'):
         DiffRetriever(encoder.backbone, k_query=0)
+    with pytest.raises(ValueError, match='k_doc must be at least 1, got 0'):  # 0 is not "the default"
+        encoder.with_k(k_doc=0)
     with pytest.raises(KeyError, match='query'):
         encoder.query_encoder()(pd.DataFrame({'qid': ['1']}))
     empty = encoder.doc_encoder()(pd.DataFrame({'docno': [], 'text': []}))
@@ -215,6 +217,8 @@ def test_tied_head_for_encoder_only_checkpoint(tokenizer, tmp_path):
     assert enc.backbone.head == 'tied'
     assert enc.vectors == 'tokens'  # untrained mask positions are not read zero-shot by default
     assert DiffRetriever.from_pretrained(str(tmp_path / 'enc'), vectors='masks', device='cpu').vectors == 'masks'
+    with pytest.raises(ValueError, match='k_query must be at least 1, got 0'):
+        DiffRetriever.from_pretrained(str(tmp_path / 'enc'), k_query=0, device='cpu')
     ids = torch.tensor([ids_of(tokenizer, 'cats')])
     hidden, logits = enc.backbone.forward(ids, torch.ones_like(ids))
     torch.testing.assert_close(logits, hidden @ enc.backbone.model.embeddings.word_embeddings.weight.T)

@@ -123,7 +123,9 @@ class AMERModel(nn.Module, SavedModel):
             feed: Teacher vectors (batch, N - 1, doc_dim): step t+1's input is feed[:, t] instead of the own
                 (detached) q_t; rows of NaN mean "no teacher vector" (the own vector is fed).
         """
-        steps = num_vectors or self.num_vectors
+        steps = self.num_vectors if num_vectors is None else num_vectors
+        if steps < 1:
+            raise ValueError(f'num_vectors must be positive, got {steps}')
         vectors, state = [], None
         for t in range(steps):
             vector, state = self.step_vector(inputs_embeds, attention_mask, state)
@@ -164,7 +166,7 @@ class AMERModel(nn.Module, SavedModel):
             batch = queries[begin:begin + batch_size]
             embeds = self.embed_vectors(batch) if isinstance(queries, np.ndarray) else self.embed_text(batch)
             out.append(self(*embeds, num_vectors=num_vectors).float().cpu().numpy())
-        steps = num_vectors or self.num_vectors
+        steps = self.num_vectors if num_vectors is None else num_vectors
         return np.concatenate(out) if out else np.zeros((0, steps, self.doc_dim), dtype=np.float32)
 
     def save_pretrained(self, path: Union[str, Path]) -> None:

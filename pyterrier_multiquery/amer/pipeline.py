@@ -35,8 +35,10 @@ class AMER(MultiVectorEncoder):
         if isinstance(model, (str, Path)):
             from pyterrier_multiquery.amer.model import AMERModel
             model = AMERModel.from_pretrained(model)
+        if num_vectors is not None and num_vectors < 1:
+            raise ValueError(f'num_vectors must be positive, got {num_vectors}')
         self.model = model
-        self.num_vectors = num_vectors or model.num_vectors
+        self.num_vectors = model.num_vectors if num_vectors is None else num_vectors
         super().__init__(batch_size=batch_size, verbose=verbose, device=device)
 
     @property

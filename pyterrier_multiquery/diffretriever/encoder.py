@@ -208,8 +208,8 @@ class DiffRetriever(MultiVectorEncoder, SavedModel):
                                        mask_token_id=mask_token_id)
         if kwargs.get('vectors') is None:  # saved: as saved; a tied head's mask positions were never trained
             kwargs['vectors'] = config.get('vectors', 'tokens' if backbone.head == 'tied' else 'masks')
-        encoder = cls(backbone, k_query=k_query or config.get('k_query', 4), k_doc=k_doc or config.get('k_doc', 4),
-                      **kwargs)
+        encoder = cls(backbone, k_query=config.get('k_query', 4) if k_query is None else k_query,
+                      k_doc=config.get('k_doc', 4) if k_doc is None else k_doc, **kwargs)
         if saved:
             encoder.path = Path(path)
             encoder.training_record = read_training(path)
@@ -230,7 +230,8 @@ class DiffRetriever(MultiVectorEncoder, SavedModel):
 
     def with_k(self, k_query: Optional[int] = None, k_doc: Optional[int] = None) -> 'DiffRetriever':
         """The same backbone with other budgets."""
-        return DiffRetriever(self.backbone, k_query=k_query or self.k_query, k_doc=k_doc or self.k_doc,
+        return DiffRetriever(self.backbone, k_query=self.k_query if k_query is None else k_query,
+                             k_doc=self.k_doc if k_doc is None else k_doc,
                              steps=self.steps, max_length=self.max_length, vectors=self.vectors,
                              batch_size=self.batch_size,
                              text_field=self.text_field, device=self.device, verbose=self.verbose)
