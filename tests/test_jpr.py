@@ -519,6 +519,17 @@ def test_reranker_keeps_the_frozen_encoders_states_across_runs(tiny_bert, tmp_pa
     pd.testing.assert_frame_equal(JPR(again, k=3, state_cache=tmp_path / 'states')(results()), first)
 
 
+def test_rerankers_sharing_a_model_keep_their_own_state_caches(tiny_bert, tmp_path):
+    from pyterrier_multiquery.jpr import JPR
+    model = new_model(tiny_bert)
+    cached = JPR(model, k=3, state_cache=tmp_path / 'states')
+    uncached = JPR(model, k=3)                  # built after: must not switch the first one's cache off
+    cached(results())
+    assert len(list((tmp_path / 'states').iterdir())) == results()['qid'].nunique()
+    uncached(results())
+    assert model.passages.state_cache is None
+
+
 def test_stored_states_belong_to_the_encoder_that_made_them(tiny_bert, tmp_path):
     import torch
 

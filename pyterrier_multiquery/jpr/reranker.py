@@ -68,7 +68,6 @@ class JPR(DerivedIdentity, pt.Transformer):
         self.device = device
         self.state_cache = state_cache
         self.append_rest = append_rest
-        self.model.passages.state_cache = state_cache
         self.verbose = verbose
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
@@ -103,6 +102,7 @@ class JPR(DerivedIdentity, pt.Transformer):
         """
         with requires('dense'):
             import torch
+        self.model.passages.state_cache = self.state_cache  # set per call: rerankers may share one model
         with torch.no_grad():
             memory = self.model.passages(question, list(passages)).unsqueeze(0)
             if ranks is not None:
