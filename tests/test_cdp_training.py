@@ -48,6 +48,8 @@ def test_synthetic_pairs_take_the_first_m_queries(documents):
     assert pairs['docno'].tolist() == ['d1', 'd1', 'd2', 'd2', 'd3']
     assert pairs['qid'].tolist() == ['d1#0', 'd1#1', 'd2#0', 'd2#1', 'd3#0']
     assert len(synthetic_pairs(documents)) == 6
+    with pytest.raises(TypeError, match=r"querygen of docno 'd2' must be a list of query strings, got 'what'"):
+        synthetic_pairs(documents.assign(querygen=[['who'], 'what', []]))  # not the pairs w, h, a, t
 
 
 def test_hard_negative_triples_take_the_first_stages_top_passages_that_are_not_relevant():

@@ -4,6 +4,8 @@ from typing import Optional
 import pandas as pd
 import pyterrier as pt
 
+from pyterrier_multiquery.generation.query_transformers import query_lists
+
 
 def synthetic_pairs(documents: pd.DataFrame, num_queries: Optional[int] = None) -> pd.DataFrame:
     """One training question per generated query of each document, its document the one relevant passage.
@@ -23,7 +25,8 @@ def synthetic_pairs(documents: pd.DataFrame, num_queries: Optional[int] = None) 
         Frame with ``qid`` (``docno#i`` for its i-th query), ``query``, ``docno`` and ``text``.
     """
     pt.validate.columns(documents, includes=['docno', 'text', 'querygen'])
-    pairs = documents[['docno', 'text']].assign(query=[list(q)[:num_queries] for q in documents['querygen']])
+    queries = query_lists(documents['docno'], documents['querygen'])
+    pairs = documents[['docno', 'text']].assign(query=[q[:num_queries] for q in queries])
     pairs = pairs.explode('query').dropna(subset=['query']).reset_index(drop=True)
     pairs['qid'] = pairs['docno'].astype(str) + '#' + pairs.groupby('docno').cumcount().astype(str)
     return pairs[['qid', 'query', 'docno', 'text']]

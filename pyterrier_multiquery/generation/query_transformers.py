@@ -1,7 +1,8 @@
 """PyTerrier transformers over a :class:`TextGenerator`: document-side query generation and query expansion."""
 import re
-from typing import List
+from typing import Iterable, List
 
+import numpy as np
 import pandas as pd
 import pyterrier as pt
 
@@ -106,3 +107,20 @@ class KeywordExpansion(DerivedIdentity, pt.Transformer):
         """The distinct keywords of a generated answer (comma- or line-separated; list markers dropped)."""
         items = [k for line in parse_queries(answer) for k in re.split(r'[,;]', line)]
         return parse_queries('\n'.join(items), limit=self.max_keywords)
+
+
+def query_lists(docnos: Iterable[str], querygen: Iterable) -> List[List[str]]:
+    """Each document's generated queries as a list of strings.
+
+    Raises:
+        TypeError: Naming the document, if its ``querygen`` is a string (which would be split into characters)
+            or anything else than a sequence of strings.
+    """
+    lists = []
+    for docno, queries in zip(docnos, querygen):
+        if isinstance(queries, (str, bytes)) or not isinstance(queries, (list, tuple, np.ndarray, pd.Series)) or \
+                not all(isinstance(q, str) for q in queries):
+            raise TypeError(f'querygen of docno {docno!r} must be a list of query strings, got {queries!r}; '
+                            'wrap a single query as [query]')
+        lists.append(list(queries))
+    return lists

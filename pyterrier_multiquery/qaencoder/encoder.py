@@ -14,6 +14,7 @@ import pyterrier as pt
 
 from pyterrier_multiquery._transformer import DerivedIdentity
 from pyterrier_multiquery._vectors import normalise
+from pyterrier_multiquery.generation.query_transformers import query_lists
 
 METHODS = ('base', 'emb', 'txt', 'hyb', 'naive')
 
@@ -37,23 +38,6 @@ def text_fingerprint(text: str, queries: Sequence[str], beta: float, rng: np.ran
         if len(appended) >= beta * len(text):
             break
     return text + appended
-
-
-def query_lists(docnos: Iterable[str], querygen: Iterable) -> List[List[str]]:
-    """Each document's generated queries as a list of strings.
-
-    Raises:
-        TypeError: Naming the document, if its ``querygen`` is a string (which would be split into characters)
-            or anything else than a sequence of strings.
-    """
-    lists = []
-    for docno, queries in zip(docnos, querygen):
-        if isinstance(queries, (str, bytes)) or not isinstance(queries, (list, tuple, np.ndarray, pd.Series)) or \
-                not all(isinstance(q, str) for q in queries):
-            raise TypeError(f'querygen of docno {docno!r} must be a list of query strings, got {queries!r}; '
-                            'wrap a single query as [query]')
-        lists.append(list(queries))
-    return lists
 
 
 class QAEncoder(DerivedIdentity, pt.Transformer):
