@@ -118,7 +118,7 @@ class MultiVectorEncoder(pt.Transformer):
         return self.doc_encoder()(inp)
 
     def _key(self):
-        return (type(self), id(self.module), self.batch_size, self.text_field, self.verbose, self.device,
+        return (type(self), id(self.module), self.batch_size, self.text_field, self.device,  # verbose: PRESENTATION
                 tuple(getattr(self, name) for name in self.settings))
 
     def __eq__(self, other):

@@ -145,6 +145,7 @@ def test_repr_and_equality(table):
     assert enc != WordRows(table, k=3, device='cpu')
     assert enc != WordRows(torch.nn.Embedding(4, 3), device='cpu')   # another model object
     assert enc != WordRows(table, batch_size=4, device='cpu')
+    assert enc == WordRows(table, verbose=True, device='cpu')   # a progress bar changes no output
     assert enc.query_encoder() == same.query_encoder() and hash(enc.query_encoder()) == hash(same.query_encoder())
     assert enc.doc_encoder() == same.doc_encoder() and hash(enc.doc_encoder()) == hash(same.doc_encoder())
     assert enc.query_encoder() != enc.query_encoder(batch_size=1)
