@@ -484,10 +484,13 @@ def test_rank_cutoff_fuses_into_a_smaller_k(tiny_bert):
 
 
 def test_reranker_errors_and_empty_input(tiny_bert):
-    from pyterrier_multiquery.jpr import JPR
+    from pyterrier_multiquery.jpr import JPR, IndepPR
     model = new_model(tiny_bert)
     with pytest.raises(ValueError, match='unknown decode'):
         JPR(model, decode='beam')
+    with pytest.raises(ValueError, match='k=34 passages take 33 decoder steps .* at most max_steps=32'):
+        JPR(model, k=34)
+    assert JPR(model, k=33).k == IndepPR(model, k=34).k - 1   # one step per pick after the first; IndepPR has none
     with pytest.raises(Exception, match='text'):
         JPR(model)(results().drop(columns='text'))
     with pytest.raises(ValueError, match="JPR: qid 'q2', docno 'e1' has score nan"):

@@ -58,6 +58,10 @@ class JPR(DerivedIdentity, pt.Transformer):
         if isinstance(model, (str, Path)):
             from pyterrier_multiquery.jpr.model import JPRModel
             model = JPRModel.from_pretrained(model)
+        max_steps = model.positions.num_embeddings - 1
+        if decode != 'independent' and k > max_steps + 1:
+            raise ValueError(f'k={k} passages take {k - 1} decoder steps after the first; this model decodes at most '
+                             f'max_steps={max_steps}')
         from pyterrier_multiquery._device import resolve_device
         self.model = model.to(resolve_device(device)).eval()
         self.k = k
