@@ -98,6 +98,16 @@ def test_candidate_stage_storage():
         faiss_factory('ivf', 'PQ', 10_000)
     with pytest.raises(ValueError, match="ANN kind must be one of"):
         faiss_factory('lsh', None, 10_000)
+    # 4 sqrt(n) lists exceed n below 16 vectors, where FAISS cannot train them: one list per vector at most
+    assert [faiss_factory('ivf', None, n) for n in (1, 5, 16, 17)] == ['IVF1,SQ8', 'IVF5,SQ8', 'IVF16,SQ8', 'IVF16,SQ8']
+
+
+def test_the_default_candidate_stage_searches_an_index_of_a_few_vectors(tmp_path):
+    docs = [{'docno': f'd{i}', 'doc_embs': np.eye(4, dtype=np.float32)[[i % 4]]} for i in range(5)]
+    index = MultiVectorIndex(tmp_path / 'mvi', verbose=False).index(docs)
+    topics = pd.DataFrame({'qid': ['q'], 'query_embs': [np.array([[1., .5, 0., 0.]], dtype=np.float32)]})
+    approx = index.ann_retriever(num_results=2, candidates=5, device='cpu')(topics)
+    assert approx['docno'].tolist() == ['d0', 'd4'] and approx['score'].tolist() == [1., 1.]
 
 
 def test_approximate_with_quantisers_and_hnsw(collection):

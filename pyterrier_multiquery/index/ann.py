@@ -41,7 +41,8 @@ def faiss_factory(kind: str, quantizer: Optional[str], vec_count: int) -> str:
     """The :func:`faiss.index_factory` string of an ANN stage.
 
     Args:
-        kind: ``flat`` (exhaustive), ``ivf`` (inverted file with ``4 * sqrt(n)`` lists) or ``hnsw`` (HNSW, 32 links).
+        kind: ``flat`` (exhaustive), ``ivf`` (inverted file with ``4 * sqrt(n)`` lists, no more than ``n``: FAISS
+            needs a training vector per list) or ``hnsw`` (HNSW, 32 links).
         quantizer: ``Flat`` (float32 vectors), ``SQ8``/``SQ4``/``SQfp16`` (scalar) or ``PQ<m>`` (product
             quantiser); None for the kind's :data:`DEFAULT_STORAGE`.
         vec_count: Number of vectors to be indexed (sets the number of IVF lists).
@@ -50,7 +51,7 @@ def faiss_factory(kind: str, quantizer: Optional[str], vec_count: int) -> str:
     if kind == 'flat':
         return storage
     if kind == 'ivf':
-        return f'IVF{max(1, int(4 * math.sqrt(vec_count)))},{storage}'
+        return f'IVF{max(1, min(vec_count, int(4 * math.sqrt(vec_count))))},{storage}'
     return 'HNSW32' if storage == 'Flat' else f'HNSW32_{storage}'
 
 
