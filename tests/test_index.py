@@ -272,6 +272,24 @@ def test_mean_retriever(collection):
     np.testing.assert_allclose(out['score'], np.sort(expected)[::-1][:5], rtol=1e-5)
 
 
+def test_mean_retriever_wherever_maxsim_searches(tmp_path):
+    """One document, accented docnos (which npids, FlexIndex's docno writer, fails on), vectors that cancel out."""
+    from pyterrier_dr import FlexIndex
+    query = pd.DataFrame({'qid': ['q'], 'query_embs': [np.array([[1., 2.]], dtype=np.float32)]})
+    one = MultiVectorIndex(tmp_path / 'one', verbose=False).index([{'docno': 'only', 'doc_embs': np.ones((1, 2))}])
+    assert one.mean_retriever()(query)[['docno', 'score']].values.tolist() == [['only', 3.]]
+    docs = [{'docno': 'é', 'doc_embs': [[1., 0.], [-1., 0.]]}, {'docno': 'è', 'doc_embs': [[0., 2.], [0., 4.]]}]
+    accents = MultiVectorIndex(tmp_path / 'accents', verbose=False).index(docs)
+    assert accents.mean_retriever()(query)[['docno', 'score']].values.tolist() == [['è', 6.], ['é', 0.]]
+    cosine = accents.mean_retriever(normalise=True)(query)   # the zero mean stays zero, as a zero query does
+    assert cosine['docno'].tolist() == ['è', 'é'] and cosine['score'].tolist() == pytest.approx([2 / 5 ** .5, 0.])
+    zero = accents.mean_retriever(normalise=True)(query.assign(query_embs=[np.zeros((2, 2), dtype=np.float32)]))
+    assert zero['docno'].tolist() == ['é', 'è'] and zero['score'].tolist() == [0., 0.]
+    flex = FlexIndex(str(tmp_path / 'accents' / 'mean.flex'))  # a FlexIndex pyterrier_dr reads
+    assert list(flex.payload()[0].fwd[[0, 1]]) == ['é', 'è']
+    np.testing.assert_array_equal(flex.payload()[1], [[0., 0.], [0., 3.]])
+
+
 def test_maxsim_scorer_rescoring(collection):
     docs, index = collection
     query = np.random.default_rng(5).normal(size=(4, 16)).astype(np.float32)

@@ -1,4 +1,6 @@
 """The mean-pooling ablation: one mean vector per document and per query, searched by inner product."""
+import json
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -7,6 +9,7 @@ import pyterrier as pt
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building, exclusive_lock
 from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff, validate_frame
+from pyterrier_multiquery._vectors import normalise
 from pyterrier_multiquery.index.errors import CorruptIndexError, retried_if_replaced
 
 
@@ -41,20 +44,32 @@ class MeanRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
         with exclusive_lock(path):
             if not path.exists():
                 with building(path) as tmp:
-                    FlexIndex(str(tmp), verbose=self.verbose).indexer().index(self._document_means())
+                    self._write_flex(tmp, FlexIndex)
         return FlexIndex(str(path), verbose=self.verbose)
 
-    def _document_means(self):
-        for document in self.index.get_corpus_iter(verbose=False):
-            docno, mean = document['docno'], self._pool(document['doc_embs'])
-            if not np.isfinite(mean).all():
-                raise CorruptIndexError(f'document {docno!r} has non-finite values (NaN or inf) in its stored vectors: '
-                                        f'the index at {str(self.index.path)!r} is damaged; rebuild it')
-            yield {'docno': docno, 'doc_vec': mean}
+    def _write_flex(self, folder, flex_class) -> None:
+        """Writes the FlexIndex files: the means as float32 rows (``vecs.f4``), the index's own docnos file (the
+        same docnos in the same order) and ``pt_meta.json``. FlexIndex's indexer is not used: the npids builder it
+        writes docnos with fails on a single docno and on some accented ones (see ``core._docno_builder``)."""
+        folder.mkdir()
+        count, dim = 0, None
+        with open(folder / 'vecs.f4', 'wb') as vecs:
+            for document in self.index.get_corpus_iter(verbose=self.verbose):
+                mean = self._pool(document['doc_embs'])
+                if not np.isfinite(mean).all():
+                    raise CorruptIndexError(f'document {str(document["docno"])!r} has non-finite values (NaN or inf) '
+                                            f'in its stored vectors: the index at {str(self.index.path)!r} is '
+                                            'damaged; rebuild it')
+                vecs.write(mean.tobytes())
+                count, dim = count + 1, len(mean)
+        shutil.copyfile(self.index.path / 'docnos.npids', folder / 'docnos.npids')
+        (folder / 'pt_meta.json').write_text(json.dumps({'type': flex_class.ARTIFACT_TYPE,
+                                                          'format': flex_class.ARTIFACT_FORMAT,
+                                                          'vec_size': dim, 'doc_count': count}))
 
     def _pool(self, embs) -> np.ndarray:
-        mean = np.asarray(embs, dtype=np.float64).mean(axis=0)  # a float32 sum could overflow
-        return (mean / np.linalg.norm(mean) if self.normalise else mean).astype(np.float32)
+        mean = np.asarray(embs, dtype=np.float64).mean(axis=0, keepdims=True)  # a float32 sum could overflow
+        return (normalise(mean) if self.normalise else mean)[0].astype(np.float32)  # a zero mean stays zero
 
     @retried_if_replaced
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
