@@ -60,6 +60,8 @@ def test_a_bad_update_names_its_problem_and_leaves_the_index_as_it_was(tmp_path)
         index.add_documents(documents(1, first=30, dim=4))
     with pytest.raises(KeyError, match="docno 'x' is not in the index"):
         index.remove_documents(['d1', 'x'])
+    with pytest.raises(TypeError, match=r"the single string 'd1': pass \['d1'\]"):   # not d and 1
+        index.remove_documents('d1')
     with pytest.raises(ValueError, match='removing every document'):
         index.remove_documents([f'd{i}' for i in range(10)])
     assert index.payload()[0]['build_id'] == build_id
@@ -134,6 +136,8 @@ def test_a_sharded_index_grows_by_shards_and_ranks_as_one_fresh_index(tmp_path):
         sharded.add_documents(documents(1, first=1))
     with pytest.raises(KeyError, match="docno 'd10' is not in the index"):
         sharded.remove_documents(['d10'])
+    with pytest.raises(TypeError, match="the single string 'd11'"):
+        sharded.remove_documents('d11')
     with pytest.raises(ValueError, match='removing every document'):
         sharded.remove_documents([d['docno'] for d in kept])
     pd.testing.assert_frame_equal(rankings(sharded), rankings(fresh))

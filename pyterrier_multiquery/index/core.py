@@ -258,7 +258,7 @@ class MultiVectorIndexer(pt.Indexer):
             payload = self.index_ref.payload()
             meta, docnos = payload[0], payload[3]
             present = np.asarray(docnos.fwd[np.arange(meta['doc_count'])], dtype=object)
-            removed = set(str(d) for d in removed)
+            removed = docno_set(removed)
             unknown = sorted(removed - set(present))
             if unknown:
                 raise KeyError(f'docno {unknown[0]!r} is not in the index at {str(self.index_ref.path)!r} '
@@ -363,6 +363,13 @@ def _check_target(path: Path, overwrite: bool, artifact: type = None) -> None:
                               'replaces an index: remove the folder yourself if it can go') from None
     if not overwrite:
         raise FileExistsError(f'an index already exists at {str(path)!r}; use indexer(overwrite=True) to replace it')
+
+
+def docno_set(docnos: Iterable[str]) -> set:
+    """The docnos to remove, as strings; a single string is refused (its characters would be taken for docnos)."""
+    if isinstance(docnos, (str, bytes)):
+        raise TypeError(f'docnos must be a list of docnos, got the single string {docnos!r}: pass [{docnos!r}]')
+    return {str(d) for d in docnos}
 
 
 @contextmanager

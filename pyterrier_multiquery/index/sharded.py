@@ -23,6 +23,7 @@ from pyterrier_multiquery.index.core import (
     SearchableIndex,
     _check_target,
     _read_meta,
+    docno_set,
     open_whole,
     stored_chunks,
 )
@@ -198,7 +199,7 @@ class ShardedMultiVectorIndex(SearchableIndex, pta.Artifact, pt.Indexer):
             KeyError: If a docno is not in the index (the index is then left as it was).
             ValueError: If every document would go.
         """
-        removed = set(str(d) for d in docnos)
+        removed = docno_set(docnos)
         with exclusive_lock(self.path):
             meta = self.payload()[0]
             shards, names = self.shards(), _shard_names(meta)
