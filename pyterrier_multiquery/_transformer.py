@@ -40,6 +40,13 @@ class DerivedIdentity:
         return hash((type(self), attribute_key(self)))
 
 
+def check_positive(**settings) -> None:
+    """Raises naming the first of the ``settings`` (``name=value``) that is given (not None) and below 1."""
+    for name, value in settings.items():
+        if value is not None and value < 1:
+            raise ValueError(f'{name} must be positive, got {value}')
+
+
 class NumResultsCutoff:
     """``fuse_rank_cutoff`` of a transformer whose ``num_results`` caps the documents it returns per query:
     ``transformer % k`` with ``k`` below ``num_results`` (or where ``num_results`` is None, no cap) becomes the

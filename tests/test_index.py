@@ -226,6 +226,26 @@ def test_bad_records_and_queries_are_named(collection, tmp_path):
         index.maxsim_retriever()(pd.DataFrame({'qid': ['1'], 'query': ['x']}))
 
 
+@pytest.mark.parametrize('make, name', [
+    (lambda index, v: index.retriever(num_results=v), 'num_results'),
+    (lambda index, v: index.retriever(batch_size=v), 'batch_size'),
+    (lambda index, v: index.retriever(block_vectors=v), 'block_vectors'),
+    (lambda index, v: index.retriever(tile_bytes=v), 'tile_bytes'),
+    (lambda index, v: index.ann_retriever(candidates=v), 'candidates'),
+    (lambda index, v: index.ann_retriever(search_effort=v), 'search_effort'),
+    (lambda index, v: index.scorer(num_results=v), 'num_results'),
+    (lambda index, v: index.mean_retriever(num_results=v), 'num_results'),
+    (lambda index, v: index.multiquery_retriever(num_results=v), 'num_results'),
+    (lambda index, v: index.multiquery_retriever(per_vector_results=v), 'per_vector_results'),
+    (lambda index, v: index.indexer().index_arrays(['a'], np.ones((1, 16)), [1], chunk_docs=v), 'chunk_docs'),
+])
+def test_counts_below_one_are_refused_by_name(collection, make, name):
+    _, index = collection   # not silently no results, nor an error from deep inside the search
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match=f'{name} must be positive, got {bad}'):
+            make(index, bad)
+
+
 def test_empty_frames(collection):
     _, index = collection
     empty = topics_frame([])
@@ -233,6 +253,7 @@ def test_empty_frames(collection):
                       index.mean_retriever(), index.multiquery_retriever()):
         out = retriever(empty)
         assert len(out) == 0 and {'qid', 'docno', 'score', 'rank'} <= set(out.columns), retriever
+        assert out['docno'].dtype == object and out['rank'].dtype == np.int64, retriever
     scored = index.scorer()(pd.DataFrame(columns=['qid', 'query', 'docno', 'score', 'rank', 'query_embs']))
     assert len(scored) == 0
 
@@ -465,6 +486,7 @@ def test_arrays_index_in_bulk_as_records_do(tmp_path):
     (['a', 'a'], [1, 1], np.ones((2, 2)), "docno 'a' occurs more than once"),
     (['a', 7], [1, 1], np.ones((2, 2)), 'docno 7 .* is not a non-empty string'),
     (['a', 'b', 'c'], [1, 2, 1], np.array([[1, 2], [3, 4], [np.nan, 0], [5, 6]]), "document 'b' has non-finite"),
+    (['a', 'b'], [1, 1], [[1., 2.], [np.inf, 0.]], "document 'b' has non-finite"),   # a list is an array too
 ])
 def test_bad_arrays_are_rejected_naming_the_problem(tmp_path, docnos, lengths, vectors, message):
     with pytest.raises(ValueError, match=message):

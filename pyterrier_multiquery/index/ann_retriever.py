@@ -4,6 +4,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
+from pyterrier_multiquery._transformer import check_positive
 from pyterrier_multiquery.index.maxsim import (
     MaxSimSearch,
     candidate_documents,
@@ -57,8 +58,7 @@ class ApproxMaxSimRetriever(MaxSimSearch):
         from pyterrier_multiquery.index.ann import ann_storage
         super().__init__(index, num_results=num_results, aggregate=aggregate, device=device, batch_size=batch_size,
                          tile_bytes=tile_bytes, threads=threads, drop_query_embs=drop_query_embs, verbose=verbose)
-        if candidates is not None and candidates < 1:
-            raise ValueError(f'candidates must be positive, got {candidates}')
+        check_positive(candidates=candidates, search_effort=search_effort)
         self.ann = ann
         self.quantizer = ann_storage(ann, quantizer)  # checks both
         self.candidates = candidates

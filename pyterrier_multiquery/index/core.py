@@ -17,7 +17,7 @@ import pyterrier as pt
 import pyterrier_alpha as pta
 
 from pyterrier_multiquery._files import building, exclusive_lock, file_sha256
-from pyterrier_multiquery._transformer import DerivedIdentity
+from pyterrier_multiquery._transformer import DerivedIdentity, check_positive
 from pyterrier_multiquery.index.errors import CorruptIndexError, IndexReplacedError
 from pyterrier_multiquery.index.searches import Searches
 
@@ -233,7 +233,9 @@ class MultiVectorIndexer(pt.Indexer):
         Raises:
             ValueError: As :meth:`index`, and if the lengths do not add up to the vectors.
         """
+        check_positive(chunk_docs=chunk_docs)
         docnos, lengths = np.asarray(docnos, dtype=object), np.asarray(lengths, dtype=np.int64)
+        vectors = np.asarray(vectors)  # a memory map stays one: nothing is read here
         if vectors.ndim != 2 or len(docnos) != len(lengths) or len(lengths) == 0 or (lengths < 1).any() or \
                 lengths.sum() != len(vectors):
             raise ValueError(f'index_arrays needs as many docnos as lengths (got {len(docnos)} and {len(lengths)}), '

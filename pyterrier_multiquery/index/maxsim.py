@@ -8,7 +8,7 @@ import pyterrier as pt
 from pyterrier_multiquery._device import check_threads, cpu_threads, resolve_device
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery.index.errors import retried_if_replaced
-from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff, validate_frame
+from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff, check_positive, validate_frame
 from pyterrier_multiquery.index.checks import ScoreCheck
 
 with requires('dense'):
@@ -63,8 +63,7 @@ class MaxSimSearch(DerivedIdentity, NumResultsCutoff, pt.Transformer):
                  tile_bytes: Optional[int], threads: Optional[int], drop_query_embs: bool, verbose: bool):
         if aggregate not in AGGREGATES:
             raise ValueError(f'aggregate must be one of {AGGREGATES}, got {aggregate!r}')
-        if num_results < 1:
-            raise ValueError(f'num_results must be positive, got {num_results}')
+        check_positive(num_results=num_results, batch_size=batch_size, tile_bytes=tile_bytes)
         self.index = index
         self.num_results = num_results
         self.aggregate = aggregate
@@ -135,6 +134,7 @@ class MaxSimRetriever(MaxSimSearch):
         """
         super().__init__(index, num_results=num_results, aggregate=aggregate, device=device, batch_size=batch_size,
                          tile_bytes=tile_bytes, threads=threads, drop_query_embs=drop_query_embs, verbose=verbose)
+        check_positive(block_vectors=block_vectors)
         self.block_vectors = block_vectors
 
     def search(self, queries, shards, qids: list) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -163,6 +163,7 @@ class MaxSimScorer(DerivedIdentity, NumResultsCutoff, pt.Transformer):
         """
         if aggregate not in AGGREGATES:
             raise ValueError(f'aggregate must be one of {AGGREGATES}, got {aggregate!r}')
+        check_positive(num_results=num_results)
         self.index = index
         self.aggregate = aggregate
         self.num_results = num_results

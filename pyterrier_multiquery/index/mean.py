@@ -8,7 +8,7 @@ import pyterrier as pt
 
 from pyterrier_multiquery._extras import requires
 from pyterrier_multiquery._files import building, exclusive_lock
-from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff, validate_frame
+from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff, check_positive, validate_frame
 from pyterrier_multiquery._vectors import normalise
 from pyterrier_multiquery.index.errors import CorruptIndexError, retried_if_replaced
 
@@ -30,6 +30,7 @@ class MeanRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
             normalise: Whether to scale both means to unit length (cosine of the means).
             verbose: Whether to show progress bars.
         """
+        check_positive(num_results=num_results)
         self.index = index
         self.num_results = num_results
         self.normalise = normalise

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 
-from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff, validate_frame
+from pyterrier_multiquery._transformer import DerivedIdentity, NumResultsCutoff, check_positive, validate_frame
 
 MERGES = ('round_robin', 'score_sum', 'rrf')
 SEARCHES = ('exact', 'ann')
@@ -52,6 +52,7 @@ class MultiQueryRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
             raise ValueError(f'merge must be one of {MERGES}, got {merge!r}')
         if search not in SEARCHES:
             raise ValueError(f'search must be one of {SEARCHES}, got {search!r}')
+        check_positive(num_results=num_results, per_vector_results=per_vector_results)
         self.index = index
         self.merge = merge
         self.num_results = num_results
@@ -72,7 +73,8 @@ class MultiQueryRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
         check_unique_qids(inp)
         query_columns = [c for c in inp.columns if c != 'query_embs']
         if len(inp) == 0:
-            return inp[query_columns].assign(docno=[], score=[], rank=[])
+            return inp[query_columns].assign(docno=pd.Series(dtype=object), score=pd.Series(dtype=float),
+                                             rank=pd.Series(dtype=int))
         dim = self.index.searchers().meta['dim']
         queries = [query_embs(embs, dim, qid) for qid, embs in zip(inp['qid'], inp['query_embs'])]
         counts = [len(embs) for embs in queries]
