@@ -203,6 +203,7 @@ class MultiVectorIndexer(pt.Indexer):
                 not an empty folder (``overwrite`` only ever replaces a MultiVectorIndex).
             ValueError: If a record is malformed: a docno that is not a non-empty string or occurs twice, vectors
                 that are not a non-empty 2-D array of finite numbers of the same size as the other documents'.
+            KeyError: If a record has no ``docno``, or neither ``doc_embs`` nor ``doc_vec``.
         """
         with exclusive_lock(self.index_ref.path):  # a concurrent build of the same path waits, then is refused
             return self._index(inp)
