@@ -32,3 +32,25 @@ def test_two_processes_train_the_weights_of_one(differences, trainer):
     # DiffRetrieverTrainer's tolerance is twice its one-process float32 run's distance from float64 (4.5e-4 when
     # measured, against a difference of 2.3e-4); it must stay below the learning rate (1e-3), an Adam step's size
     assert diff <= tolerance <= (ATOL if trainer != 'DiffRetrieverTrainer' else 1e-3)
+
+
+def test_the_device_asked_for_is_where_the_model_trains():
+    """Not accelerate's device (which prepare() moved every model to, whatever the trainer was given): a model on
+    the meta device stays there, where accelerate would try to copy it to the CPU."""
+    import torch
+    from pyterrier_multiquery.training.distributed import DataParallel
+    model = torch.nn.Linear(2, 1)
+    parallel = DataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1), device='meta')
+    assert parallel.device == torch.device('meta') and next(model.parameters()).device.type == 'meta'
+
+
+@pytest.mark.parametrize('trainer', ['amer.training.AMERTrainer', 'jpr.training.JPRTrainer',
+                                     'diffretriever.training.DiffRetrieverTrainer',
+                                     'training.bi_encoder.BiEncoderTrainer'])
+def test_every_trainer_takes_the_shared_settings(trainer):
+    import importlib
+    import inspect
+    module, name = trainer.rsplit('.', 1)
+    cls = getattr(importlib.import_module(f'pyterrier_multiquery.{module}'), name)
+    shared = {'learning_rate', 'epochs', 'batch_size', 'seed', 'device', 'threads', 'verbose'}  # docs/training.md
+    assert shared <= set(inspect.signature(cls).parameters)

@@ -66,7 +66,7 @@ class AMERTrainer(Trainer):
             scheduled_sampling: Multiplier of the own-vector probability's schedule (0 keeps teacher forcing).
             weight_decay: AdamW weight decay.
             seed: Seed of the shuffles and draws.
-            device: Where the model trains (None: where it is).
+            device: Where the model trains (None: accelerate's device, a GPU when there is one).
             threads: torch's CPU threads while training (None: as they are).
             choose_epoch: Keep the epoch that scores best on the validation questions.
             departure: The departure weight of an encoder AMER, ``'one_se'`` to choose it on the validation
@@ -95,7 +95,7 @@ class AMERTrainer(Trainer):
         self.rng = np.random.default_rng(seed)
         self.generator = torch.Generator().manual_seed(seed)
         self.optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=learning_rate, weight_decay=weight_decay)
-        self.parallel = DataParallel(model, self.optimizer, mixed_precision=mixed_precision,
+        self.parallel = DataParallel(model, self.optimizer, device=self.device, mixed_precision=mixed_precision,
                                      gradient_accumulation_steps=gradient_accumulation_steps)
 
     def record(self) -> dict:

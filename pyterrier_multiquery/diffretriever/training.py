@@ -101,8 +101,8 @@ class DiffRetrieverTrainer(ContrastiveTrainer):
     def __init__(self, encoder, texts: Texts, *, mode: str = 'maxsim', sparse: bool = True, lora: bool = True,
                  hard_negatives: int = 1, dense_temperature: float = 0.01, sparse_temperature: float = 1.0,
                  learning_rate: float = 1e-4, epochs: int = 1, batch_size: int = 8, seed: int = 0,
-                 threads: Optional[int] = None, choose_epoch: bool = False, mixed_precision: Optional[str] = None,
-                 gradient_accumulation_steps: int = 1, verbose: bool = True):
+                 device: Optional[str] = None, threads: Optional[int] = None, choose_epoch: bool = False,
+                 mixed_precision: Optional[str] = None, gradient_accumulation_steps: int = 1, verbose: bool = True):
         """
         Args:
             encoder: The DiffRetriever (read with ``vectors='masks'``) or DiffEmbed to fine-tune.
@@ -117,6 +117,7 @@ class DiffRetrieverTrainer(ContrastiveTrainer):
             epochs: Passes over the triples.
             batch_size: Triples per optimiser step (over all processes).
             seed: Seed of the batches' order.
+            device: Where the model trains (None: accelerate's device, a GPU when there is one).
             threads: torch's CPU threads while training (None: as they are).
             choose_epoch: Keep the epoch that scores best on the validation questions.
             mixed_precision: ``'no'``, ``'fp16'``, ``'bf16'``; None takes ``accelerate launch``'s setting.
@@ -133,13 +134,13 @@ class DiffRetrieverTrainer(ContrastiveTrainer):
             raise ValueError(f'DiffRetrieverTrainer needs a hard negative per triple, got {hard_negatives=}')
         super().__init__(encoder, texts, hard_negatives=hard_negatives, temperature=dense_temperature,
                          learning_rate=learning_rate, epochs=epochs, batch_size=batch_size, seed=seed,
-                         threads=threads, choose_epoch=choose_epoch, verbose=verbose)
+                         device=device, threads=threads, choose_epoch=choose_epoch, verbose=verbose)
         self.mode, self.sparse, self.lora, self.sparse_temperature = mode, sparse, lora, sparse_temperature
         if lora:
             add_lora(encoder.backbone)
         model = encoder.backbone.model
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=learning_rate)
-        self.parallel = DataParallel(model, self.optimizer, mixed_precision=mixed_precision,
+        self.parallel = DataParallel(model, self.optimizer, device=self.device, mixed_precision=mixed_precision,
                                      gradient_accumulation_steps=gradient_accumulation_steps)
         encoder.device = str(self.parallel.device)
 

@@ -74,7 +74,7 @@ class JPRTrainer(Trainer):
             batch_size: Questions per optimiser step (over all processes).
             seed: Seed of the candidate, order and negative sampling, and of the index order (use the same
                 ``seed`` in the rerankers).
-            device: Where the model trains (None: where it is).
+            device: Where the model trains (None: accelerate's device, a GPU when there is one).
             threads: torch's CPU threads while training (None: as they are).
             choose_epoch: Keep the epoch that scores best on the validation questions.
             departure: The departure weight, ``'one_se'`` to choose it on the validation questions (a model with a
@@ -104,7 +104,7 @@ class JPRTrainer(Trainer):
         self.train_candidates = train_candidates
         self.rng = np.random.default_rng(seed)
         self.optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=learning_rate)
-        self.parallel = DataParallel(model, self.optimizer, mixed_precision=mixed_precision,
+        self.parallel = DataParallel(model, self.optimizer, device=self.device, mixed_precision=mixed_precision,
                                      gradient_accumulation_steps=gradient_accumulation_steps)
 
     def record(self) -> dict:

@@ -48,7 +48,7 @@ class BiEncoderTrainer(ContrastiveTrainer):
             batch_size: Triples per optimiser step over all processes.
             max_length: Token limit of the inputs (the checkpoint's own when None).
             seed: Seed of the batches' order.
-            device: Where the model trains (None: accelerate's device).
+            device: Where the model trains (None: accelerate's device, a GPU when there is one).
             threads: torch's CPU threads while training (None: as they are).
             choose_epoch: Keep the epoch that scores best on the validation questions.
             mixed_precision: ``'no'``, ``'fp16'``, ``'bf16'``; None takes ``accelerate launch``'s setting.
@@ -67,7 +67,7 @@ class BiEncoderTrainer(ContrastiveTrainer):
                          learning_rate=learning_rate, epochs=epochs, batch_size=batch_size, seed=seed, device=device,
                          threads=threads, choose_epoch=choose_epoch, verbose=verbose)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.)
-        self.parallel = DataParallel(model, self.optimizer, mixed_precision=mixed_precision,
+        self.parallel = DataParallel(model, self.optimizer, device=self.device, mixed_precision=mixed_precision,
                                      gradient_accumulation_steps=gradient_accumulation_steps)
         self.scheduler = None
 

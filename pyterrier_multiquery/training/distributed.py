@@ -44,16 +44,18 @@ class _Objective(nn.Module):
 class DataParallel:
     """A model and its optimiser prepared by accelerate, and one optimiser step over a batch split across processes.
 
-    In one process without mixed precision, the model and optimiser behave as they would unprepared (on
-    accelerate's device: a GPU when there is one).
+    In one process without mixed precision, the model and optimiser behave as they would unprepared (on the device
+    asked for, else on accelerate's: a GPU when there is one).
     """
 
-    def __init__(self, model: nn.Module, optimizer, *, mixed_precision: Optional[str] = None,
-                 gradient_accumulation_steps: int = 1):
+    def __init__(self, model: nn.Module, optimizer, *, device: Optional[str] = None,
+                 mixed_precision: Optional[str] = None, gradient_accumulation_steps: int = 1):
         """
         Args:
             model: The module whose parameters train.
             optimizer: Its optimiser.
+            device: Where the model trains, in one process (``accelerate launch`` gives each process its own);
+                None for accelerate's device.
             mixed_precision: ``'no'``, ``'fp16'``, ``'bf16'`` or ``'fp8'``; None takes ``accelerate launch``'s setting.
             gradient_accumulation_steps: Micro-batches each batch is split into (one backward each, one optimiser
                 step per batch), to fit a batch in memory. Losses with in-batch negatives then score each example
@@ -66,14 +68,16 @@ class DataParallel:
         # the trainers' models have parts a loss may not use (a causal LM's head, an encoder's pooler)
         self.accelerator = Accelerator(mixed_precision=mixed_precision,
                                        gradient_accumulation_steps=gradient_accumulation_steps,
-                                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
-        self.gradient_accumulation_steps = gradient_accumulation_steps
-        self.objective, self.optimizer = self.accelerator.prepare(_Objective(model), optimizer)
-
-    @property
-    def device(self) -> 'torch.device':
+                                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+                                       device_placement=device is None,
+                                       cpu=device is not None and torch.device(device).type == 'cpu')
+        if device is not None and self.accelerator.num_processes > 1:
+            raise ValueError(f'device={device!r} with {self.accelerator.num_processes} processes: accelerate launch '
+                             'gives each process its device; leave device None')
+        self.device = self.accelerator.device if device is None else torch.device(device)
         """This process's device."""
-        return self.accelerator.device
+        self.gradient_accumulation_steps = gradient_accumulation_steps
+        self.objective, self.optimizer = self.accelerator.prepare(_Objective(model.to(self.device)), optimizer)
 
     def step(self, count: int, loss_of: Callable[[Share], 'torch.Tensor'],
              denominator: Optional[float] = None) -> float:

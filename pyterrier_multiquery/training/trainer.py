@@ -89,7 +89,8 @@ class Trainer:
             epochs: Passes over the training examples.
             batch_size: Examples per optimiser step.
             seed: Seed of the trainer's shuffles and draws.
-            device: Where the model trains (``'cpu'``, ``'cuda'``, ...); None leaves it where it is.
+            device: Where the model trains (``'cpu'``, ``'cuda'``, ...); None leaves it where it is (the trainers on
+                :class:`~pyterrier_multiquery.training.distributed.DataParallel` put it on accelerate's device).
             threads: torch's CPU threads while training (None leaves them as they are).
             choose_epoch: Keep the epoch that scores best on the validation frames (the earliest on ties; epoch 0 is
                 the untrained model) instead of the last one.
