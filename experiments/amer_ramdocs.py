@@ -99,7 +99,8 @@ def main():
     parser.add_argument('--epochs', type=int, default=8, help='most epochs (the best on dev is kept)')
     parser.add_argument('--num-vectors', type=int, default=2)
     parser.add_argument('--learning-rate', type=float, default=1e-4)
-    parser.add_argument('--threads', type=int, default=2, help='torch threads (default: 2)')
+    parser.add_argument('--threads', type=int, default=1,
+                        help='torch threads (default: %(default)s, the count the published runs were made with)')
     parser.add_argument('--restart', action='store_true', help='forget the folds stored by an earlier run')
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

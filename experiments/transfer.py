@@ -309,7 +309,8 @@ def main():
     parser.add_argument('--skip-in-domain', action='store_true', help='only the collections a model never saw')
     parser.add_argument('--targets', nargs='+', choices=list(TARGETS), default=list(TARGETS),
                         help='the test collections, in the order their parts run (default: %(default)s)')
-    parser.add_argument('--threads', type=int, default=2, help='torch threads (default: 2)')
+    parser.add_argument('--threads', type=int, default=1,
+                        help='torch threads (default: %(default)s, the count the published runs were made with)')
     parser.add_argument('--restart', action='store_true', help='forget the parts stored by an earlier run')
     parser.add_argument('--report-only', action='store_true', help='write the report of the stored parts only')
     args = parser.parse_args()
