@@ -255,7 +255,8 @@ def answer_targets(run: pd.DataFrame, qrels: pd.DataFrame, doc_vectors: Mapping[
         qrels: Frame with ``qid``, ``docno``, ``label`` (and ``iteration``).
         doc_vectors: Document vector by docno.
         qids: The queries, in the order of the returned lists; each needs a relevant document.
-        hard_negatives: Top non-relevant documents per query used as negatives.
+        hard_negatives: How many of the first stage's top documents per query are searched: its non-relevant ones
+            among them are the negatives.
 
     Returns:
         ``(targets, negatives)``: per query an (m, d) and an (h, d) array.
