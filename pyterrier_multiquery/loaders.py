@@ -82,8 +82,9 @@ class LocalDataset(pt.datasets.Dataset):
         return 'en'
 
     def _key(self):
-        """What identifies the collection: the loader and the files it reads."""
-        return (type(self), str(self.path), *map(str, self.files.values()))
+        """What identifies the collection: the loader and the files it reads (resolved: two spellings of one path,
+        relative and absolute, or through a link, are one collection)."""
+        return (type(self), *(str(Path(path).resolve()) for path in (self.path, *self.files.values())))
 
     def __eq__(self, other):
         return isinstance(other, LocalDataset) and self._key() == other._key()
@@ -191,7 +192,18 @@ class TrecDataset(LocalDataset):
         return pt.io.read_topics(str(self.files['topics']), format='trec')
 
     def _qrels(self, variant):
-        return pt.io.read_qrels(str(self.files['qrels']))
+        """The qrels with their ``iteration`` column, which ``pt.io.read_qrels`` drops: diversity qrels keep their
+        subtopics (answer ids) there, and ``0``, the usual placeholder, means none (:mod:`~.measures`)."""
+        names = ['qid', 'iteration', 'docno', 'label']
+        try:
+            qrels = pd.read_csv(self.files['qrels'], sep=r'\s+', header=None, dtype=str, names=names)
+        except pd.errors.EmptyDataError:
+            qrels = pd.DataFrame(columns=names, dtype=str)
+        if qrels.isna().any().any():
+            row = int(qrels.isna().any(axis=1).idxmax())
+            raise ValueError(f'{str(self.files["qrels"])!r} line {row + 1} has fewer than 4 fields '
+                             '(qid iteration docno label)')
+        return qrels.astype({'label': int})[['qid', 'docno', 'label', 'iteration']]
 
     def _corpus(self):
         with open(self.files['corpus'], encoding='utf-8') as f:
@@ -200,6 +212,10 @@ class TrecDataset(LocalDataset):
                 buffer += chunk
                 end = 0
                 for match in self._DOC.finditer(buffer):
+                    skipped = buffer[end:match.start()].strip()
+                    if skipped:  # a <DOC> the pattern did not read: its <DOCNO> is not its first element
+                        raise ValueError(f'{str(self.files["corpus"])!r} has a <DOC> element whose first element is '
+                                         f'not <DOCNO> (or text outside <DOC>): {skipped[:80]!r}')
                     yield {'docno': match.group(1), 'text': ' '.join(match.group(2).split())}
                     end = match.end()
                 buffer = buffer[end:]
@@ -210,14 +226,23 @@ class TrecDataset(LocalDataset):
 class RamDocsDataset(LocalDataset):
     """RAMDocs (one JSON question per line): all questions' passages pooled into one corpus.
 
-    ``qid`` is the question's line number and ``docno`` is ``<qid>-<position of the passage>``, so both
-    stay stable for the same file. A passage of type ``correct`` is relevant to its question for the answer
+    ``qid`` is the question's position among the file's questions (from 0) and ``docno`` is
+    ``<qid>-<position of the passage>``, so both stay stable for the same file. A passage of type ``correct`` is relevant to its question for the answer
     it supports: ``iteration`` holds the answer's position (from 1) in ``gold_answers``. Gold answers that
     no passage supports do not appear in the qrels.
     """
     name = 'ramdocs'
+    #: The fields of a question, and of each of its passages.
+    FIELDS, PASSAGE_FIELDS = ('question', 'documents', 'gold_answers'), ('text', 'type')
 
     def __init__(self, path: PathLike):
+        """
+        Args:
+            path: The ``.jsonl`` file, or a directory holding one.
+
+        Raises:
+            ValueError: If a line is not a question of the format (its fields, and its passages').
+        """
         super().__init__(path)
         if self.path.is_dir():
             files = sorted(self.path.glob('*.jsonl'))
@@ -225,6 +250,14 @@ class RamDocsDataset(LocalDataset):
                 raise FileNotFoundError(f'expected one RAMDocs .jsonl file in {str(self.path)!r}, found {len(files)}')
             self.path = files[0]
         self.questions = list(_iter_jsonl(self.path))
+        for number, question in enumerate(self.questions, start=1):
+            passages = question.get('documents') if isinstance(question, dict) else None
+            if not isinstance(question, dict) or any(f not in question for f in self.FIELDS) or \
+                    not isinstance(passages, list) or \
+                    not all(isinstance(p, dict) and all(f in p for f in self.PASSAGE_FIELDS) for p in passages):
+                found = sorted(question)[:8] if isinstance(question, dict) else type(question).__name__
+                raise ValueError(f'{str(self.path)!r}: question {number} is not a RAMDocs question (the fields '
+                                 f'{list(self.FIELDS)}, each passage with {list(self.PASSAGE_FIELDS)}; found {found})')
 
     def _topics(self, variant):
         return pd.DataFrame([{'qid': str(i), 'query': q['question']} for i, q in enumerate(self.questions)])

@@ -4,6 +4,7 @@ frame (the same as for a full one), a repr, ``__eq__``/``__hash__`` from the con
 ``fuse_rank_cutoff`` giving what the cutoff gives."""
 import functools
 import importlib
+import os
 import pkgutil
 import unittest
 from dataclasses import dataclass, field
@@ -418,4 +419,10 @@ def test_datasets_are_equal_when_they_read_the_same_files(resources, tmp_path):
         (tmp_path / name).write_text('')
     assert TrecDataset(tmp_path) == TrecDataset(tmp_path)
     assert TrecDataset(tmp_path) != TrecDataset(tmp_path, qrels='other.qrels')
+    # one collection however its path is spelt: the main job tests on every question of a --dataset it did not train
+    # on, so a relative and an absolute path to one folder must not pass for two collections
+    (tmp_path / 'sub').mkdir()
+    (tmp_path / 'link').symlink_to(tmp_path)
+    spellings = [tmp_path, tmp_path / 'sub' / '..', tmp_path / 'link', os.path.relpath(tmp_path)]
+    assert len({TrecDataset(path) for path in spellings}) == 1
     assert resources.beir.text_loader(['title', 'text']) == resources.beir.text_loader(('title', 'text'))

@@ -61,6 +61,16 @@ def test_beir_scifact(data_dir):
         ds.get_qrels('dev')
 
 
+def test_a_file_of_another_format_is_not_taken_for_ramdocs(tmp_path, data_dir):
+    with pytest.raises(ValueError, match=r"question 1 is not a RAMDocs question .* found \['_id', 'text', 'title'\]"):
+        load_dataset(data_dir / 'scifact' / 'corpus.jsonl')     # a BEIR corpus, once a KeyError at get_topics
+    (tmp_path / 'q.jsonl').write_text('{"question": "q", "documents": [{"text": "t", "type": "correct", '
+                                      '"answer": "a"}], "gold_answers": ["a"]}\n{"question": "r", "documents": '
+                                      '[{"text": "t"}], "gold_answers": []}\n')
+    with pytest.raises(ValueError, match='question 2 is not a RAMDocs question'):
+        load_dataset(tmp_path / 'q.jsonl')
+
+
 def test_trec_vaswani(data_dir):
     ds = load_dataset(data_dir / 'vaswani')
     assert isinstance(ds, TrecDataset)
@@ -81,6 +91,23 @@ def test_trec_parser_across_chunks(tmp_path, monkeypatch):
     parsed = corpus(TrecDataset(tmp_path))
     assert parsed == [{'docno': f'd{i}', 'text': f'word{i} text'} for i in range(50)]
     assert TrecDataset(tmp_path).get_topics()[['qid', 'query']].to_dict('records') == [{'qid': '1', 'query': 'word3'}]
+
+
+def test_trec_qrels_keep_their_answer_ids_and_every_document_is_read_or_refused(tmp_path):
+    (tmp_path / 'corpus.trec').write_text('<DOC><DOCNO>d1</DOCNO>a</DOC>\n<DOC><DOCID>7</DOCID><DOCNO>d2</DOCNO>b'
+                                          '</DOC>\n<DOC><DOCNO>d3</DOCNO>c</DOC>\n')
+    (tmp_path / 'topics.trec').write_text('')
+    (tmp_path / 'qrels').write_text('1 1 d1 1\n1 2 d1 1\n1 2 d3 1\n2 0 d3 0\n')
+    qrels = TrecDataset(tmp_path).get_qrels()
+    assert qrels.to_dict('list') == {'qid': ['1', '1', '1', '2'], 'docno': ['d1', 'd1', 'd3', 'd3'],
+                                     'label': [1, 1, 1, 0], 'iteration': ['1', '2', '2', '0']}
+    with pytest.raises(ValueError, match="whose first element is not <DOCNO>.*'<DOC><DOCID>7"):
+        corpus(TrecDataset(tmp_path))  # not d1 and d3 alone
+    (tmp_path / 'qrels').write_text('1 0 d1\n')
+    with pytest.raises(ValueError, match='line 1 has fewer than 4 fields'):
+        TrecDataset(tmp_path).get_qrels()
+    (tmp_path / 'qrels').write_text('')
+    assert TrecDataset(tmp_path).get_qrels().empty
 
 
 def test_truncated_trec_corpus_is_an_error(tmp_path):
