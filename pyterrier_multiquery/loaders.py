@@ -348,8 +348,8 @@ class HotpotQADataset(LocalDataset):
             path: The ``.json`` or ``.jsonl`` file, or a directory holding one.
 
         Raises:
-            ValueError: If a question lacks a field of the format, names a supporting title its context does not
-                hold, or the file holds no question.
+            ValueError: If a question lacks a field of the format, or the file holds no question (a supporting
+                title with no paragraph is left out of the qrels with a warning, not an error).
         """
         super().__init__(path)
         if self.path.is_dir():
