@@ -39,6 +39,15 @@ def test_parts_are_refused_under_other_settings_or_without_a_record_of_theirs(tm
     assert not restarted.done('choices', fold=-1) and not (tmp_path / 'transfer_choices.csv').exists()
 
 
+def test_a_settings_record_no_part_was_stored_under_is_replaced(tmp_path):
+    out = tmp_path / 'transfer'
+    (tmp_path / 'transfer_settings.json').write_text('{"seed": 1}')   # a run stopped before its first part
+    StoredParts(out, KINDS, MADE).add(choices=_part())
+    assert StoredParts(out, KINDS).settings == MADE    # the parts' own settings, not the stopped run's
+    with pytest.raises(SystemExit, match='made with the settings'):
+        StoredParts(out, KINDS, {'seed': 1})
+
+
 def test_parts_without_a_path_stay_in_memory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     parts = StoredParts(None, KINDS)

@@ -59,7 +59,9 @@ class StoredParts:
 
     def add(self, **frames: pd.DataFrame) -> None:
         """Stores frames of a finished part, by kind (a part's last kind is to be added last: it marks it done)."""
-        if self.settings_path is not None and not self.settings_path.exists():
+        # the first part records the settings, also over a record no part was stored under (a run stopped between
+        # the two writes): else a later run under other settings would be recorded under the old ones
+        if self.settings_path is not None and all(frame.empty for frame in self.frames.values()):
             with building(self.settings_path) as tmp:
                 tmp.write_text(json.dumps(self.settings))
         for kind, frame in frames.items():
