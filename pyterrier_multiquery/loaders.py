@@ -227,9 +227,9 @@ class RamDocsDataset(LocalDataset):
     """RAMDocs (one JSON question per line): all questions' passages pooled into one corpus.
 
     ``qid`` is the question's position among the file's questions (from 0) and ``docno`` is
-    ``<qid>-<position of the passage>``, so both stay stable for the same file. A passage of type ``correct`` is relevant to its question for the answer
-    it supports: ``iteration`` holds the answer's position (from 1) in ``gold_answers``. Gold answers that
-    no passage supports do not appear in the qrels.
+    ``<qid>-<position of the passage>``, so both stay stable for the same file. A passage of type ``correct`` is
+    relevant to its question for the answer it supports: ``iteration`` holds the answer's position (from 1) in
+    ``gold_answers``. Gold answers that no passage supports do not appear in the qrels.
     """
     name = 'ramdocs'
     #: The fields of a question, and of each of its passages.

