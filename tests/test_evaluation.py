@@ -56,6 +56,18 @@ def _folds_data():
     return topics, qrels
 
 
+def test_rare_answer_counts_join_the_nearest_stratum():
+    from pyterrier_multiquery.experiment.evaluation import _answer_strata, split_by_question
+    counts = pd.Series([1] + [2] * 20 + [3] * 20 + [6, 4])   # too rare: 1 joins 2, and 4 and 6 join 3
+    assert _answer_strata(counts, 2).tolist() == [2] + [2] * 20 + [3] * 20 + [3, 3]
+    assert _answer_strata(pd.Series([1, 3, 2, 2, 4, 4]), 2).tolist() == [2, 4, 2, 2, 4, 4]   # 3: a tie, the larger
+    assert _answer_strata(pd.Series([1, 2, 3]), 2).tolist() == [0, 0, 0]   # no count has 2 questions: one stratum
+    rows = [{'qid': f'q{i}', 'docno': f'd{i}-{a}', 'label': 1, 'iteration': str(a)}
+            for i, answers in enumerate([1] + [2] * 20 + [3] * 20) for a in range(1, answers + 1)]
+    train, test = split_by_question(pd.DataFrame(rows))   # a lone one-answer question once failed in sklearn
+    assert sorted(train + test) == sorted({row['qid'] for row in rows}) and not set(train) & set(test)
+
+
 def test_cross_validate_pools_the_test_folds_and_trains_on_the_rest():
     topics, qrels = _folds_data()
     calls = []

@@ -179,9 +179,14 @@ def answer_subsets(qrels: pd.DataFrame, doc_vectors) -> Dict[str, pd.Index]:
 
 
 def _answer_strata(counts: pd.Series, members: int) -> np.ndarray:
-    """Answer counts as strata of at least ``members`` questions: rarer, larger counts join the largest such one."""
-    frequent = counts.value_counts()
-    return counts.clip(upper=frequent[frequent >= members].index.max()).to_numpy()
+    """Answer counts as strata of at least ``members`` questions: a rarer count joins the nearest count that has as
+    many (the larger of two as near), so rarer, larger counts join the largest; one stratum where none has."""
+    frequency = counts.value_counts()
+    frequent = np.sort(frequency.index[frequency >= members].to_numpy())[::-1]   # largest first: it wins a tie
+    if not len(frequent):
+        return np.zeros(len(counts), dtype=int)
+    values = counts.to_numpy()
+    return frequent[np.argmin(np.abs(values[:, None] - frequent[None, :]), axis=1)]
 
 
 def cross_validation_folds(qrels: pd.DataFrame, folds: int = 5, *,
