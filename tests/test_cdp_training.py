@@ -113,6 +113,21 @@ def test_batches_never_hold_one_passage_twice(tiny_sbert, documents):
     assert all(pairs['docno'].iloc[b].is_unique for b in batches) and max(len(b) for b in batches) == 3
 
 
+def test_batches_hold_no_passage_as_positive_and_negative_nor_one_question_twice(tiny_sbert):
+    # q1's passage A is q2's hard negative; q3 has two relevant passages, each the other's false negative together
+    triples = pd.DataFrame({'qid': ['q1', 'q2', 'q3', 'q3'], 'query': ['a', 'b', 'c', 'c'],
+                            'docno': ['A', 'B', 'C', 'D'], 'text': ['text A', 'text B', 'text C', 'text D'],
+                            'negative': ['text E', 'text A', 'text F', 'text G']})
+    trainer = BiEncoderTrainer(tiny_sbert, {}, batch_size=4, verbose=False)
+    for _ in range(20):   # whatever the order drawn
+        batches = trainer.batches(triples)
+        assert sorted(np.concatenate(batches).tolist()) == [0, 1, 2, 3]
+        for rows in batches:
+            batch = triples.iloc[rows]
+            assert batch['qid'].is_unique and pd.concat([batch['text'], batch['negative']]).is_unique
+        assert len(batches) == 2   # {q1, q3}, {q2, q3} or the like: two rows of four wait once
+
+
 def test_validation_scores_each_question_by_its_positive_against_its_negative(tiny_sbert):
     texts = {'d1': 'moon apollo', 'd2': 'einstein theory', 'd3': 'curie radium'}
     trainer = BiEncoderTrainer(tiny_sbert, texts, verbose=False)

@@ -3,7 +3,8 @@
 :func:`hard_negative_triples` turns a first stage's results and qrels into triples; :class:`ContrastiveTrainer` is
 the base of the trainers of encoders (:class:`~pyterrier_multiquery.training.bi_encoder.BiEncoderTrainer`,
 :class:`~pyterrier_multiquery.diffretriever.training.DiffRetrieverTrainer`): it mines the triples, forms batches
-that never hold one passage twice (its other questions would be false negatives), and scores a validation question
+that never hold one passage twice nor one question twice (either would be a false negative: a row's own passage, or
+another of its question's relevant passages, among the batch's negatives), and scores a validation question
 by how often the encoder ranks its relevant passage above its hard negative.
 """
 from typing import Callable, List, Mapping, Optional, Sequence, Union
@@ -139,15 +140,19 @@ class ContrastiveTrainer(Trainer):
 
     def batches(self, triples: pd.DataFrame) -> List[np.ndarray]:
         """The triples' rows in a random order, cut into batches of ``batch_size`` that never hold one passage twice
-        (a row whose passage is in the batch already waits for the next one)."""
+        (by its text, as the relevant passage of one row or the hard negative of any) nor two rows of one question: a
+        row that would waits for the next batch."""
         waiting, batches = list(self.rng.permutation(len(triples))), []
-        docnos = triples['docno'].to_numpy()
+        columns = ['text', 'negative'] if 'negative' in triples.columns else ['text']
+        passages = triples[columns].to_numpy()
+        questions = triples['qid'].to_numpy()
         while waiting:
             batch, seen, later = [], set(), []
             for row in waiting:
-                if len(batch) < self.batch_size and docnos[row] not in seen:
+                keys = {('question', questions[row]), *(('passage', text) for text in passages[row])}
+                if len(batch) < self.batch_size and not keys & seen:
                     batch.append(row)
-                    seen.add(docnos[row])
+                    seen |= keys
                 else:
                     later.append(row)
             batches.append(np.array(batch))
@@ -155,7 +160,8 @@ class ContrastiveTrainer(Trainer):
         return batches
 
     def train_epoch(self, triples: pd.DataFrame, epoch: int, step: Callable[[float], None]) -> None:
-        """One pass over the triples in :meth:`batches` (more than ``len / batch_size`` where passages repeat)."""
+        """One pass over the triples in :meth:`batches` (more than ``len / batch_size`` where passages or questions
+        repeat)."""
         for rows in self.batches(triples):
             step(self.optimiser_step(triples.iloc[rows].reset_index(drop=True)))
 
