@@ -26,6 +26,15 @@ from pyterrier_multiquery.generation.huggingface import _batches, smollm2
      ['what is RNA editing?', 'why edit RNA?']),
     ('Keywords:\n- planet\n- element', ['planet', 'element']),
     ('Apollo 11: the first landing\nArmstrong', ['Apollo 11: the first landing', 'Armstrong']),
+    # a citation mark is not a JSON answer; a marker needs a space after it (U.S., 3.5); whole preamble words only
+    ('1. Who founded the company [1]?\n2. When was it founded?', ['Who founded the company [1]?',
+                                                                  'When was it founded?']),
+    ('who was the first president\nU.S. capital city\n3.5 inch floppy capacity',
+     ['who was the first president', 'U.S. capital city', '3.5 inch floppy capacity']),
+    ('surety bond requirements\nOkay, here are the queries:\ncontract guarantee\nI hope these help!',
+     ['surety bond requirements', 'contract guarantee']),
+    ('A. What is photosynthesis?\nB. Where does it happen?', ['What is photosynthesis?', 'Where does it happen?']),
+    ('**1. What is X?**\n2. **Why is Y?**', ['What is X?', 'Why is Y?']),
 ])
 def test_parse_queries(text, expected):
     assert parse_queries(text) == expected
@@ -33,6 +42,9 @@ def test_parse_queries(text, expected):
 
 def test_parse_queries_limit():
     assert parse_queries('1. a\n2. b\n3. c', limit=2) == ['a', 'b']
+    assert parse_queries('1. a', limit=0) == []
+    with pytest.raises(ValueError, match='limit must be None or at least 0, got -1'):
+        parse_queries('1. a\n2. b', limit=-1)
 
 
 class CountingGenerator(TextGenerator):

@@ -59,3 +59,5 @@ def test_keyword_expansion_needs_queries_and_a_placeholder():
         KeywordExpansion(ScriptedGenerator({}), prompt='keywords please')
     with pytest.raises(Exception, match='query'):
         KeywordExpansion(ScriptedGenerator({}))(pd.DataFrame({'qid': ['1']}))
+    with pytest.raises(ValueError, match='max_keywords must be at least 1, got 0'):
+        KeywordExpansion(ScriptedGenerator({}), max_keywords=0)

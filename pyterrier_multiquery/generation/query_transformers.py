@@ -91,6 +91,8 @@ class KeywordExpansion(DerivedIdentity, pt.Transformer):
         """
         if '[Question]' not in prompt:
             raise ValueError('the keyword prompt needs a [Question] placeholder')
+        if max_keywords < 1:
+            raise ValueError(f'max_keywords must be at least 1, got {max_keywords}')
         self.generator = generator
         self.prompt = prompt
         self.max_keywords = max_keywords
