@@ -4,6 +4,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pandas as pd
 import pytest
 
 from pyterrier_multiquery.generation import (CachedGenerator, GenerationError, HuggingFaceGenerator,
@@ -56,6 +57,14 @@ class CountingGenerator(TextGenerator):
     def _generate(self, prompts):
         self.calls.append(prompts)
         return [f'answer to {p[-1]["content"]}' for p in prompts]
+
+
+def test_prompts_are_a_list_not_a_string():
+    backend = CountingGenerator()
+    with pytest.raises(TypeError, match="a list of prompts, got the string 'hello': pass \\[prompt\\]"):
+        backend.generate('hello')   # not five prompts h, e, l, l, o
+    assert backend.generate(pd.Series(['a', 'b'])) == ['answer to a', 'answer to b'] and backend.calls[0][1] == \
+        [{'role': 'user', 'content': 'b'}]
 
 
 def test_cache_answers_repeats_without_generating(tmp_path):
@@ -306,8 +315,13 @@ def test_http_backend_errors_are_clear(chat_server):
     with pytest.raises(GenerationError, match='answered 503 after 3 attempt'):
         OpenAICompatibleGenerator('tiny', base_url=server.url, max_retries=2, backoff=0.01).generate(['x'])
     server = chat_server([(200, {'unexpected': True}, 0)])
-    with pytest.raises(GenerationError, match='without choices'):
+    with pytest.raises(GenerationError, match='without a text in choices'):
         OpenAICompatibleGenerator('tiny', base_url=server.url).generate(['x'])
+    server = chat_server([(200, {'choices': [{'message': {'content': None, 'reasoning_content': 'hm'}}]}, 0)])
+    with pytest.raises(GenerationError, match='without a text in choices'):   # not None, cached or parsed later
+        OpenAICompatibleGenerator('tiny', base_url=server.url).generate(['x'])
+    with pytest.raises(ValueError, match='max_retries must be at least 0, got -1'):   # else nothing is sent
+        OpenAICompatibleGenerator('tiny', base_url=server.url, max_retries=-1)
 
 
 def test_http_backend_timeout_and_unreachable(chat_server):

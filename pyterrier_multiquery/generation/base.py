@@ -31,6 +31,9 @@ class TextGenerator(ABC):
 
     def generate(self, prompts: Sequence[Prompt]) -> List[str]:
         """Generates the assistant's answer to each prompt (a string or a list of chat messages)."""
+        if isinstance(prompts, str):   # else each character would be a prompt
+            raise TypeError(f'generate takes a list of prompts, got the string {prompts[:40]!r}: pass [prompt]')
+        prompts = list(prompts)   # a Series or another sequence as a list
         return self._generate([as_messages(p) for p in prompts]) if prompts else []
 
     @abstractmethod

@@ -37,6 +37,8 @@ class OpenAICompatibleGenerator(TextGenerator):
         base_url = base_url or os.environ.get('OPENAI_BASE_URL')
         if not base_url:
             raise ValueError('give base_url or set OPENAI_BASE_URL (e.g. http://127.0.0.1:8000/v1)')
+        if max_retries < 0:
+            raise ValueError(f'max_retries must be at least 0, got {max_retries}')
         self.model = model
         self.base_url = base_url.rstrip('/')
         self.model_id = f'{self.base_url}::{model}'
@@ -83,10 +85,13 @@ class OpenAICompatibleGenerator(TextGenerator):
                 raise GenerationError(f'{url} answered {response.status_code} after {attempt + 1} attempt(s): '
                                       f'{response.text[:300]}')
             try:
-                return response.json()['choices'][0]['message']['content']
+                content = response.json()['choices'][0]['message']['content']
             except (ValueError, KeyError, IndexError, TypeError):
-                raise GenerationError(f'{url} answered 200 without choices[0].message.content: '
-                                      f'{response.text[:300]}') from None
+                content = None
+            if not isinstance(content, str):  # reasoning models' servers may send "content": null
+                raise GenerationError(f'{url} answered 200 without a text in choices[0].message.content: '
+                                      f'{response.text[:300]}')
+            return content
 
     def __repr__(self):
         return f'OpenAICompatibleGenerator({self.model!r}, base_url={self.base_url!r})'
