@@ -123,6 +123,9 @@ def test_huggingface_backend_batches_like_single_prompts(tiny_llama):
     assert all(1 <= len(t.split()) <= 6 for t in batched)
     # left padding: each prompt's greedy continuation is the same alone and in a batch of unequal lengths
     assert [generator.generate([p])[0] for p in prompts] == batched
+    sampling = HuggingFaceGenerator(str(tiny_llama), max_new_tokens=6, temperature=1.5, seed=3, batch_size=3)
+    drawn = sampling.generate(prompts)   # what a prompt draws does not depend on the prompts beside it
+    assert [sampling.generate([p])[0] for p in prompts] == drawn and sampling.generate(prompts[::-1]) == drawn[::-1]
     assert generator.generate(prompts) == batched  # greedy is deterministic
 
 

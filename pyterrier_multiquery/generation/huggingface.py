@@ -27,7 +27,9 @@ class HuggingFaceGenerator(TextGenerator):
     Prompts that share most of their tokens (one passage asked for queries in several ways, in one call) run their
     shared prefix through the model once and continue from a copy of its key-value cache; the cache is static, which
     on a CPU makes each decoding step about 3x faster than a growing one. Rows that have ended leave the batch
-    every :data:`DECODE_ROUND` tokens. What each prompt gets is what it gets alone.
+    every :data:`DECODE_ROUND` tokens. What each prompt gets is what it gets alone: sampling (``temperature > 0``)
+    draws from one random stream per call, so it generates each prompt alone, seeded with ``seed``, and a cache
+    never keeps what a prompt drew beside others.
     """
 
     def __init__(self, model: str, *, gguf_file: Optional[str] = None, name: Optional[str] = None,
@@ -42,7 +44,7 @@ class HuggingFaceGenerator(TextGenerator):
             max_new_tokens: Most tokens generated per prompt.
             temperature: 0 for greedy decoding, else the sampling temperature.
             top_p: Nucleus-sampling mass (with ``temperature > 0``).
-            batch_size: Prompts generated together.
+            batch_size: Prompts generated together (greedy decoding; sampling generates one at a time).
             device: torch device (default: CUDA if available, else CPU).
             seed: Seed for sampling.
             verbose: Whether to show a progress bar over batches, and transformers' bars while the model loads.
@@ -74,7 +76,7 @@ class HuggingFaceGenerator(TextGenerator):
     def _generate(self, prompts: List[Messages]) -> List[str]:
         ids = self.tokenizer([self._render(p) for p in prompts], add_special_tokens=False)['input_ids']
         answers = [''] * len(ids)
-        batches = list(_batches(ids, self.batch_size))
+        batches = list(_batches(ids, self.batch_size if self.temperature == 0 else 1))
         if self.verbose:
             batches = pt.tqdm(batches, desc=f'generating with {self.model_id}', unit='batch')
         for groups, prefix_lengths in batches:
