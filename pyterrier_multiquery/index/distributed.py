@@ -89,8 +89,12 @@ class RayIndex(Searches):
 
         Raises:
             ValueError: If ``num_actors`` is not between 1 and the number of shards.
-            CorruptIndexError: If a shard is damaged or was rebuilt after the sharded index was built (named).
-            FileNotFoundError: If the index or a shard is missing on this node or an actor's (named).
+            TypeError: If ``actor_class`` is not :class:`ShardActor` or a subclass (before Ray is started).
+            CorruptIndexError: If a shard on this node is damaged or was rebuilt after the sharded index was built
+                (named).
+            FileNotFoundError: If the index or a shard is missing on this node (named).
+            ray.exceptions.ActorDiedError: If an actor cannot open its shards on its node: Ray passes the actor's
+                error (a CorruptIndexError or FileNotFoundError naming the shard) as the message, not the exception.
         """
         shards = index.shards()
         num_actors = len(shards) if num_actors is None else num_actors
@@ -102,10 +106,10 @@ class RayIndex(Searches):
         self.index = index
         self.path = index.path
         self.retries = retries
-        if not ray.is_initialized():
-            ray.init(address=address)
         if not (isinstance(actor_class, type) and issubclass(actor_class, ShardActor)):
             raise TypeError(f'actor_class must be ShardActor or a subclass of it, got {actor_class!r}')
+        if not ray.is_initialized():
+            ray.init(address=address)
         self.actor = ray.remote(actor_class).options(num_cpus=num_cpus, max_restarts=-1)
         self._start(shards, num_actors)
 
@@ -270,7 +274,8 @@ def run_tasks(function: Callable, arguments: List[tuple], names: List[str], *, n
                 results[i] = ray.get(done)
             except ray.exceptions.RayTaskError as e:
                 error = e.cause if e.cause is not None else e
-                error.add_note(f'in the Ray task {names[i]}')
+                if hasattr(error, 'add_note'):  # Python 3.11 on
+                    error.add_note(f'in the Ray task {names[i]}')
                 raise error from None
             progress.update()
     except BaseException:
