@@ -67,6 +67,12 @@ def test_paraphrase_ratio_counts_pairs():
     with pytest.raises(ValueError, match='cross_encoder or an encoder'):
         paraphrase_ratio(queries)
 
+    class TwoLabels:   # class scores a pair: averaging them over pairs and classes gave 0.5 with no paraphrase
+        def predict(self, pairs):
+            return [[1.0, 0.0] for _ in pairs]
+    with pytest.raises(ValueError, match=r'\(2,\) scores a pair: .* single-label'):
+        paraphrase_ratio(queries, cross_encoder=TwoLabels())
+
 
 def test_dist_sim_is_the_cosine_of_the_centroids():
     synthetic = np.array([[3.0, 0.0], [0.0, 2.0]])  # normalised: (1, 0) and (0, 1); centroid (0.5, 0.5)
@@ -74,6 +80,9 @@ def test_dist_sim_is_the_cosine_of_the_centroids():
     assert dist_sim(synthetic, real) == pytest.approx(1 / math.sqrt(2))
     assert dist_sim(real * 5, real) == pytest.approx(1.0)
     assert dist_sim(np.array([[0.0, 1.0]]), real) == pytest.approx(0.0)
+    for bad in (np.array([1.0, 0.0]), np.zeros((0, 2)), np.ones((1, 3))):
+        with pytest.raises(ValueError, match='two non-empty \\(queries, dim\\) matrices of one dim'):
+            dist_sim(bad, real)
 
 
 def test_len_sim_is_the_overlap_of_the_length_histograms():

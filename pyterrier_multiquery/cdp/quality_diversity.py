@@ -37,6 +37,9 @@ def paraphrase_ratio(queries: Sequence[str], *, cross_encoder=None, encoder=None
     pairs = list(itertools.combinations(range(len(queries)), 2))
     if cross_encoder is not None:
         scores = np.asarray(cross_encoder.predict([(queries[i], queries[j]) for i, j in pairs]), dtype=float)
+        if scores.ndim != 1:
+            raise ValueError(f'the cross-encoder gives {scores.shape[1:]} scores a pair: paraphrase_ratio needs a '
+                             'single-label paraphrase classifier (one score a pair)')
         threshold = 0.5 if threshold is None else threshold
     elif encoder is not None:
         vectors = normalise(np.asarray(encoder.encode_queries(list(queries)), dtype=float))
@@ -54,7 +57,11 @@ def dist_sim(synthetic_vectors: np.ndarray, real_vectors: np.ndarray) -> float:
     The paper's exact formula was not available here; this is the project's definition of the quality metric it
     names (distribution similarity to the target queries).
     """
-    centroids = [normalise(np.asarray(v, dtype=float)).mean(axis=0) for v in (synthetic_vectors, real_vectors)]
+    vectors = [np.asarray(v, dtype=float) for v in (synthetic_vectors, real_vectors)]
+    if any(v.ndim != 2 or not len(v) for v in vectors) or vectors[0].shape[1] != vectors[1].shape[1]:
+        raise ValueError(f'dist_sim needs two non-empty (queries, dim) matrices of one dim, got shapes '
+                         f'{vectors[0].shape} and {vectors[1].shape}')
+    centroids = [normalise(v).mean(axis=0) for v in vectors]
     return float(normalise(centroids[0]) @ normalise(centroids[1]))
 
 
