@@ -39,6 +39,10 @@ def test_query_generator_rejects_bad_settings():
         QueryGenerator(ScriptedGenerator({}), num_queries=0)
     with pytest.raises(Exception, match='text'):
         QueryGenerator(ScriptedGenerator({}))(pd.DataFrame({'docno': ['d1']}))
+    with pytest.raises(ValueError, match=r"placeholder other than \{text\} .*KeyError\('\"q\"'\).*literal braces"):
+        QueryGenerator(ScriptedGenerator({}), 'Answer as {"q": [...]}: {text}')
+    with pytest.raises(ValueError, match="'text' is missing or not a string for docno 'd2' \\(1 rows\\)"):
+        QueryGenerator(ScriptedGenerator({}))(pd.DataFrame({'docno': ['d1', 'd2'], 'text': ['a', None]}))
 
 
 def test_keyword_expansion_appends_keywords_and_keeps_the_original():

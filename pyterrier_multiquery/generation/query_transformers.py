@@ -57,6 +57,11 @@ class QueryGenerator(DerivedIdentity, pt.Transformer):
                              f'got {prompt!r}')
         if num_queries < 1:
             raise ValueError(f'num_queries must be at least 1, got {num_queries}')
+        try:
+            template.format(text='', num_queries=num_queries)
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f'the prompt template has a placeholder other than {{text}} and {{num_queries}} ({e!r}): '
+                             'write literal braces as {{ and }}') from None
         self.generator = generator
         self.prompt = prompt
         self.template = template
@@ -70,6 +75,11 @@ class QueryGenerator(DerivedIdentity, pt.Transformer):
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pt.validate.columns(inp, includes=[self.text_field])
+        missing = ~inp[self.text_field].map(lambda text: isinstance(text, str))
+        if missing.any():
+            row = inp[missing].iloc[0]
+            raise ValueError(f'{self.text_field!r} is missing or not a string for docno {row.get("docno")!r} '
+                             f'({int(missing.sum())} rows)')
         out = inp.copy()
         answers = self.generator.generate(self.prompts(list(inp[self.text_field])))
         out['querygen'] = pd.Series([parse_queries(a, limit=self.num_queries) for a in answers], index=inp.index,
