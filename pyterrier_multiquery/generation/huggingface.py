@@ -40,7 +40,8 @@ class HuggingFaceGenerator(TextGenerator):
             model: A local checkpoint folder or a hub name (nothing is downloaded where no hub is reachable).
             gguf_file: A GGUF file inside ``model`` to load instead of safetensors weights.
             name: The name caches know this model by (default: ``model``, with ``gguf_file`` appended). Naming a
-                local checkpoint lets a cache filled on one machine serve another that keeps it elsewhere.
+                local checkpoint lets a cache filled on one machine serve another that keeps it elsewhere; the name
+                is all a cache knows of the weights, so a checkpoint trained again in place needs a new one.
             max_new_tokens: Most tokens generated per prompt.
             temperature: 0 for greedy decoding, else the sampling temperature.
             top_p: Nucleus-sampling mass (with ``temperature > 0``).
