@@ -236,7 +236,7 @@ class MultiVectorIndexer(pt.Indexer):
         """
         check_positive(chunk_docs=chunk_docs)
         docnos, lengths = np.asarray(docnos, dtype=object), np.asarray(lengths, dtype=np.int64)
-        vectors = np.asarray(vectors)  # a memory map stays one: nothing is read here
+        vectors = np.asarray(vectors)  # a view of a memory map, not a copy: nothing is read here
         if vectors.ndim != 2 or len(docnos) != len(lengths) or len(lengths) == 0 or (lengths < 1).any() or \
                 lengths.sum() != len(vectors):
             raise ValueError(f'index_arrays needs as many docnos as lengths (got {len(docnos)} and {len(lengths)}), '
