@@ -23,6 +23,7 @@ import torch
 from ir_measures import alpha_nDCG
 
 from pyterrier_multiquery.experiment import systems
+from pyterrier_multiquery.experiment.cache import script_fingerprint
 from pyterrier_multiquery.experiment.evaluation import (
     answer_counts,
     answer_subsets,
@@ -105,7 +106,8 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    parts = StoredParts(args.out, FOLD_KINDS, {k: getattr(args, k) for k in SETTINGS}, restart=args.restart)
+    settings = {**{k: getattr(args, k) for k in SETTINGS}, 'code': script_fingerprint(__file__)}
+    parts = StoredParts(args.out, FOLD_KINDS, settings, restart=args.restart)
     results = [cross_validate_on(name, args, parts) for name in args.datasets]
     choices = [choice for result in results for choice in result['choices']]
     chosen = pd.DataFrame([{**{k: c[k] for k in ('dataset', 'fold', 'MMR λ')},

@@ -41,7 +41,7 @@ import pandas as pd
 
 from pyterrier_multiquery.baselines import minilm
 from pyterrier_multiquery.experiment import systems
-from pyterrier_multiquery.experiment.cache import Cache
+from pyterrier_multiquery.experiment.cache import Cache, script_fingerprint
 from pyterrier_multiquery.experiment.evaluation import (
     compare,
     cross_validation_folds,
@@ -317,8 +317,8 @@ def main():
     from pyterrier_multiquery.experiment.determinism import make_deterministic
     make_deterministic(args.seed, args.threads)
     start = time.perf_counter()
-    parts = StoredParts(args.out, KINDS, None if args.report_only else {k: getattr(args, k) for k in SETTINGS},
-                        restart=args.restart)
+    settings = {**{k: getattr(args, k) for k in SETTINGS}, 'code': script_fingerprint(__file__)}
+    parts = StoredParts(args.out, KINDS, None if args.report_only else settings, restart=args.restart)
     if not args.report_only:
         cache = Cache(args.cache_dir)
         encoder = minilm(batch_size=64)

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from pyterrier_multiquery.experiment import cache as cache_module
-from pyterrier_multiquery.experiment.cache import Cache, code_fingerprint, data_fingerprint, entry_key
+from pyterrier_multiquery.experiment.cache import (Cache, code_fingerprint, data_fingerprint, entry_key,
+                                                   script_fingerprint)
 
 TOPICS = pd.DataFrame({'qid': ['1', '2'], 'query': ['who won', 'where is it']})
 QRELS = pd.DataFrame({'qid': ['1', '2'], 'docno': ['d1', 'd2'], 'label': [1, 1]})
@@ -172,6 +173,30 @@ def test_code_fingerprint_follows_the_modules_a_module_imports(tmp_path):
     assert code_fingerprint(module, package_dir=package) != importing
     with pytest.raises(ValueError, match='no module'):
         code_fingerprint('pyterrier_multiquery.nowhere', package_dir=package)
+
+
+def test_script_fingerprint_follows_the_script_and_the_package_modules_it_imports(tmp_path):
+    package = tmp_path / 'pyterrier_multiquery'
+    shutil.copytree(cache_module.PACKAGE_DIR, package, ignore=shutil.ignore_patterns('__pycache__'))
+    script = tmp_path / 'experiment.py'
+    script.write_text('import json\nfrom pyterrier_multiquery.experiment.parts import StoredParts\n')
+    before = script_fingerprint(script, package_dir=package)
+    copy = tmp_path / 'elsewhere' / 'experiment.py'     # the same script in another clone
+    copy.parent.mkdir()
+    copy.write_text(script.read_text())
+    assert script_fingerprint(copy, package_dir=package) == before
+    unrelated = package / 'amer' / 'training.py'       # not imported by the parts module, at any depth
+    unrelated.write_text(unrelated.read_text() + '\n# a comment\n')
+    assert script_fingerprint(script, package_dir=package) == before
+    imported = package / '_files.py'                   # imported by the parts module
+    imported.write_text(imported.read_text() + '\n# a comment\n')
+    changed = script_fingerprint(script, package_dir=package)
+    assert changed != before
+    script.write_text(script.read_text() + 'SETTINGS = ()\n')   # the script's own code counts too
+    assert script_fingerprint(script, package_dir=package) != changed
+    alone = tmp_path / 'alone.py'                       # a script that imports nothing of the package
+    alone.write_text('import json\n')
+    assert script_fingerprint(alone, package_dir=package) != script_fingerprint(script, package_dir=package)
 
 
 def test_data_fingerprint_sees_every_value_and_column():

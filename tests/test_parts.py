@@ -30,10 +30,12 @@ def test_parts_are_refused_under_other_settings_or_without_a_record_of_theirs(tm
     out = tmp_path / 'transfer'
     StoredParts(out, KINDS, MADE).add(choices=_part())
     assert StoredParts(out, KINDS).settings == MADE   # read only: the settings the parts were made with
-    with pytest.raises(SystemExit, match=r"made with the settings \{'seed': 0, .*not \{'seed': 1"):
-        StoredParts(out, KINDS, {**MADE, 'seed': 1})
+    with pytest.raises(SystemExit, match=r"made with seed=0 \(from transfer_settings.json\), not seed=1: "):
+        StoredParts(out, KINDS, {**MADE, 'seed': 1})   # only the settings that differ are named
+    with pytest.raises(SystemExit, match=r"made with code=None \(from transfer_settings.json\), not code='c2'"):
+        StoredParts(out, KINDS, {**MADE, 'code': 'c2'})   # parts of a run that kept no fingerprint of its code
     (tmp_path / 'transfer_settings.json').unlink()   # parts of a run that kept no record of its settings
-    with pytest.raises(SystemExit, match='made with the settings None'):
+    with pytest.raises(SystemExit, match=r'made with no record of their settings \(transfer_settings.json is'):
         StoredParts(out, KINDS, MADE)
     restarted = StoredParts(out, KINDS, {**MADE, 'seed': 1}, restart=True)
     assert not restarted.done('choices', fold=-1) and not (tmp_path / 'transfer_choices.csv').exists()
@@ -44,7 +46,8 @@ def test_a_settings_record_no_part_was_stored_under_is_replaced(tmp_path):
     (tmp_path / 'transfer_settings.json').write_text('{"seed": 1}')   # a run stopped before its first part
     StoredParts(out, KINDS, MADE).add(choices=_part())
     assert StoredParts(out, KINDS).settings == MADE    # the parts' own settings, not the stopped run's
-    with pytest.raises(SystemExit, match='made with the settings'):
+    with pytest.raises(SystemExit, match=r'made with seed=0, folds=5, threads=2 \(from transfer_settings.json\), '
+                                          r'not seed=1, folds=None, threads=None: '):
         StoredParts(out, KINDS, {'seed': 1})
 
 

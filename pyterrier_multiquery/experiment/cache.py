@@ -55,6 +55,22 @@ def code_fingerprint(*modules: str, package_dir: Path = PACKAGE_DIR) -> str:
     return digest.hexdigest()
 
 
+def script_fingerprint(script: os.PathLike, package_dir: Path = PACKAGE_DIR) -> str:
+    """SHA-256 of a script's source and of every module of the package it imports, at any depth
+    (:func:`code_fingerprint`): what an experiment's stored parts were computed by.
+
+    Args:
+        script: The script's file (an experiment under ``experiments/``).
+        package_dir: The package's folder (a test points it at a copy).
+    """
+    script = Path(script)
+    files = {_module_name(f, package_dir): f for f in package_dir.rglob('*.py')}
+    imported = sorted(_imported(script, files))
+    digest = hashlib.sha256(script.read_bytes() + b'\0')
+    digest.update(code_fingerprint(*imported, package_dir=package_dir).encode() if imported else b'')
+    return digest.hexdigest()
+
+
 def _module_name(file: Path, package_dir: Path) -> str:
     parts = (package_dir.name,) + file.relative_to(package_dir).with_suffix('').parts
     return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)

@@ -11,8 +11,8 @@ from pyterrier_multiquery._files import building
 class StoredParts:
     """Frames of each finished part of an experiment (a fold, a training source and a test collection, ...), one CSV
     file per kind beside the report (``{out}_{kind}.csv``), each replaced whole, through a temporary name, when a part
-    is added. The settings that shape the parts (a seed, a fold count) are kept beside them
-    (``{out}_settings.json``), and a run under other settings is refused rather than mixed in.
+    is added. The settings that shape the parts (a seed, a fold count, a fingerprint of the code that computes them)
+    are kept beside them (``{out}_settings.json``), and a run under other settings is refused rather than mixed in.
 
     Without ``out`` the parts are kept in memory only.
     """
@@ -39,9 +39,16 @@ class StoredParts:
         stored = json.loads(self.settings_path.read_text()) if out and self.settings_path.exists() else None
         self.settings = stored if settings is None else settings
         if settings is not None and any(not frame.empty for frame in self.frames.values()) and stored != settings:
-            raise SystemExit(f'the parts stored beside {out} were made with the settings {stored} (from '
-                             f'{self.settings_path.name}), not {settings}: run with those settings, give another '
-                             '--out, or --restart')
+            if stored is None:
+                made = f'no record of their settings ({self.settings_path.name} is missing)'
+            else:
+                differing = sorted(set(stored) | set(settings), key=[*settings, *stored].index)
+                differing = [name for name in differing if stored.get(name) != settings.get(name)]
+                made = (', '.join(f'{name}={stored.get(name)!r}' for name in differing) +
+                        f' (from {self.settings_path.name}), not ' +
+                        ', '.join(f'{name}={settings.get(name)!r}' for name in differing))
+            raise SystemExit(f'the parts stored beside {out} were made with {made}: run with those settings (and '
+                             'that code), give another --out, or --restart')
 
     def rows(self, kind: str, **key) -> pd.DataFrame:
         """The stored rows of ``kind`` whose columns equal ``key``."""
