@@ -317,8 +317,9 @@ def main():
     from pyterrier_multiquery.experiment.determinism import make_deterministic
     make_deterministic(args.seed, args.threads)
     start = time.perf_counter()
-    settings = {**{k: getattr(args, k) for k in SETTINGS}, 'code': script_fingerprint(__file__)}
-    parts = StoredParts(args.out, KINDS, None if args.report_only else settings, restart=args.restart)
+    settings = None if args.report_only else {**{k: getattr(args, k) for k in SETTINGS},
+                                              'code': script_fingerprint(__file__)}
+    parts = StoredParts(args.out, KINDS, settings, restart=args.restart)
     if not args.report_only:
         cache = Cache(args.cache_dir)
         encoder = minilm(batch_size=64)
