@@ -61,5 +61,5 @@ def test_bad_inputs_are_rejected():
         Familiarity(KNOWN).similarity(np.ones((1, 3)))
     with pytest.raises(ValueError, match='finite and non-zero'):
         Familiarity(np.array([[1., 0.], [0., 0.]]))
-    with pytest.raises(Exception, match='query'):
+    with pytest.raises(pt.validate.InputValidationError, match=r"\['query'\]"):
         BackOff(results('refined'), results('first'), Encoder(), ['east', 'north'])(pd.DataFrame({'qid': ['1']}))

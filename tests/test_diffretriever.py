@@ -153,7 +153,7 @@ def test_encoder_errors_and_empty(encoder):
         DiffRetriever(encoder.backbone, k_query=0)
     with pytest.raises(ValueError, match='k_doc must be at least 1, got 0'):  # 0 is not "the default"
         encoder.with_k(k_doc=0)
-    with pytest.raises(KeyError, match='query'):
+    with pytest.raises(pt.validate.InputValidationError, match=r"\['query'\]"):
         encoder.query_encoder()(pd.DataFrame({'qid': ['1']}))
     empty = encoder.doc_encoder()(pd.DataFrame({'docno': [], 'text': []}))
     assert list(empty.columns) == ['docno', 'text', 'doc_embs', 'toks'] and len(empty) == 0

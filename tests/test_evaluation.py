@@ -131,7 +131,11 @@ def test_samples_and_subsets():
 
 
 def test_ir_measures_qrels():
-    assert list(ir_measures_qrels(_qrels()).columns) == ['query_id', 'doc_id', 'relevance', 'iteration']
+    qrels = _qrels().assign(label=[1, 2, 0, 1, 3, 1, 1])   # graded labels, kept as they are
+    expected = pd.DataFrame({'query_id': ['q1', 'q1', 'q2', 'q2', 'q3', 'q3', 'q4'],
+                             'doc_id': ['a', 'b', 'c', 'd', 'e', 'f', 'g'], 'relevance': [1, 2, 0, 1, 3, 1, 1],
+                             'iteration': ['1', '2', '1', '1', '1', '2', '1']})
+    pd.testing.assert_frame_equal(ir_measures_qrels(qrels), expected)
 
 
 def test_write_report(tmp_path):

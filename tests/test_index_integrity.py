@@ -325,6 +325,8 @@ def test_integer_qids_are_kept(built):
     index, queries = built
     out = index.maxsim_retriever(num_results=2)(queries.assign(qid=[7]))
     assert out['qid'].tolist() == [7, 7]
+    # kept as integers, not merely equal to them: a float qid 7.0 compares equal to 7 above
+    assert out['qid'].dtype == np.int64 and [type(q) for q in out['qid'].tolist()] == [int, int]
 
 
 @pytest.mark.parametrize('cls', [MultiVectorIndex, ShardedMultiVectorIndex])

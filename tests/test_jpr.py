@@ -491,7 +491,7 @@ def test_reranker_errors_and_empty_input(tiny_bert):
     with pytest.raises(ValueError, match='k=34 passages take 33 decoder steps .* at most max_steps=32'):
         JPR(model, k=34)
     assert JPR(model, k=33).k == IndepPR(model, k=34).k - 1   # one step per pick after the first; IndepPR has none
-    with pytest.raises(Exception, match='text'):
+    with pytest.raises(pt.validate.InputValidationError, match=r"\['text'\]"):
         JPR(model)(results().drop(columns='text'))
     with pytest.raises(ValueError, match="JPR: qid 'q2', docno 'e1' has score nan"):
         JPR(model)(results().assign(score=[6., 5., 4., 3., 2., 1., 2., np.nan]))

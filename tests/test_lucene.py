@@ -74,7 +74,7 @@ def test_bad_input(tmp_path):
     (index / 'pt_meta.json').write_text(json.dumps({'type': 'sparse_index', 'format': 'lucene', 'contents': 'text'}))
     with pytest.raises(ValueError, match="'bm25' for a text index or 'impact' for a toks index"):
         LuceneRetriever(index, 'impact')
-    with pytest.raises(KeyError, match='query'):
+    with pytest.raises(pt.validate.InputValidationError, match=r"\['query'\]"):
         LuceneRetriever(index)(pd.DataFrame({'qid': ['1'], 'text': ['no query column']}))
     empty = LuceneRetriever(index)(pd.DataFrame({'qid': [], 'query': []}))
     assert list(empty.columns) == ['qid', 'query', 'docno', 'score', 'rank'] and len(empty) == 0

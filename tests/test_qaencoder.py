@@ -2,6 +2,7 @@ import re
 
 import numpy as np
 import pandas as pd
+import pyterrier as pt
 import pytest
 
 from pyterrier_multiquery.qaencoder import QAEncoder, grid_search, text_fingerprint
@@ -115,7 +116,7 @@ def test_bad_inputs_are_named(docs):
         QAEncoder(BagOfWords(VOCAB), 'mean')
     with pytest.raises(ValueError, match='alpha'):
         QAEncoder(BagOfWords(VOCAB), alpha=1.5)
-    with pytest.raises(Exception, match='querygen'):
+    with pytest.raises(pt.validate.InputValidationError, match=r"\['querygen'\]"):
         QAEncoder(BagOfWords(VOCAB))(docs.drop(columns=['querygen']))
     bad = docs.copy()
     bad.at[1, 'querygen'] = []

@@ -1,4 +1,5 @@
 import pandas as pd
+import pyterrier as pt
 import pytest
 
 from pyterrier_multiquery.generation import TextGenerator
@@ -37,7 +38,7 @@ def test_query_generator_rejects_bad_settings():
         QueryGenerator(ScriptedGenerator({}), 'no such prompt')
     with pytest.raises(ValueError, match='num_queries'):
         QueryGenerator(ScriptedGenerator({}), num_queries=0)
-    with pytest.raises(Exception, match='text'):
+    with pytest.raises(pt.validate.InputValidationError, match=r"\['text'\]"):
         QueryGenerator(ScriptedGenerator({}))(pd.DataFrame({'docno': ['d1']}))
     with pytest.raises(ValueError, match=r"placeholder other than \{text\} .*KeyError\('\"q\"'\).*literal braces"):
         QueryGenerator(ScriptedGenerator({}), 'Answer as {"q": [...]}: {text}')
@@ -61,7 +62,7 @@ def test_keyword_expansion_appends_keywords_and_keeps_the_original():
 def test_keyword_expansion_needs_queries_and_a_placeholder():
     with pytest.raises(ValueError, match=r'\[Question\]'):
         KeywordExpansion(ScriptedGenerator({}), prompt='keywords please')
-    with pytest.raises(Exception, match='query'):
+    with pytest.raises(pt.validate.InputValidationError, match=r"\['query'\]"):
         KeywordExpansion(ScriptedGenerator({}))(pd.DataFrame({'qid': ['1']}))
     with pytest.raises(ValueError, match='max_keywords must be at least 1, got 0'):
         KeywordExpansion(ScriptedGenerator({}), max_keywords=0)
