@@ -39,7 +39,11 @@ def code_fingerprint(*modules: str, package_dir: Path = PACKAGE_DIR) -> str:
         modules: Dotted names of the package's modules (``pyterrier_multiquery.experiment.training``).
         package_dir: The package's folder (a test points it at a copy).
     """
-    files = {_module_name(f, package_dir): f for f in package_dir.rglob('*.py')}
+    return _modules_digest(modules, _package_modules(package_dir), package_dir)
+
+
+def _modules_digest(modules: Sequence[str], files: Dict[str, Path], package_dir: Path) -> str:
+    """:func:`code_fingerprint` of ``modules`` among the package's ``files`` (:func:`_package_modules`)."""
     unknown = [m for m in modules if m not in files]
     if unknown:
         raise ValueError(f'no module {unknown} in {str(package_dir)!r}')
@@ -64,11 +68,16 @@ def script_fingerprint(script: os.PathLike, package_dir: Path = PACKAGE_DIR) -> 
         package_dir: The package's folder (a test points it at a copy).
     """
     script = Path(script)
-    files = {_module_name(f, package_dir): f for f in package_dir.rglob('*.py')}
+    files = _package_modules(package_dir)
     imported = sorted(_imported(script, files))
     digest = hashlib.sha256(script.read_bytes() + b'\0')
-    digest.update(code_fingerprint(*imported, package_dir=package_dir).encode() if imported else b'')
+    digest.update(_modules_digest(imported, files, package_dir).encode() if imported else b'')
     return digest.hexdigest()
+
+
+def _package_modules(package_dir: Path) -> Dict[str, Path]:
+    """The package's modules: dotted name -> file."""
+    return {_module_name(f, package_dir): f for f in package_dir.rglob('*.py')}
 
 
 def _module_name(file: Path, package_dir: Path) -> str:

@@ -42,8 +42,8 @@ class StoredParts:
             if stored is None:
                 made = f'no record of their settings ({self.settings_path.name} is missing)'
             else:
-                differing = sorted(set(stored) | set(settings), key=[*settings, *stored].index)
-                differing = [name for name in differing if stored.get(name) != settings.get(name)]
+                differing = [name for name in dict.fromkeys([*settings, *stored])
+                             if stored.get(name) != settings.get(name)]
                 made = (', '.join(f'{name}={stored.get(name)!r}' for name in differing) +
                         f' (from {self.settings_path.name}), not ' +
                         ', '.join(f'{name}={settings.get(name)!r}' for name in differing))
