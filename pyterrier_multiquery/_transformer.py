@@ -71,13 +71,18 @@ COLUMN_FIXES = {
 def validate_frame(transformer, inp, kind: str, columns: list) -> None:
     """``pt.validate.query_frame`` (``kind='query'``) or ``result_frame`` of ``inp`` with the ``columns`` the
     transformer reads, whose error names the transformer, the missing columns and, where a known column stands in
-    for one (:data:`COLUMN_FIXES`), the fix."""
+    for one (:data:`COLUMN_FIXES`), the fix; or, for a query frame, the result frame's columns it should not have."""
     validate = pt.validate.query_frame if kind == 'query' else pt.validate.result_frame
     try:
         validate(inp, extra_columns=columns)
     except pt.validate.InputValidationError as e:
         needed = ['qid', *(['docno'] if kind == 'result' else []), *columns]
         missing = [c for c in needed if c not in inp.columns]
+        if not missing:  # a query frame with a result frame's column
+            unexpected = sorted({c for mode in e.modes for c in mode.extra_columns})
+            raise pt.validate.InputValidationError(
+                f'{transformer!r} takes a query frame (one row a query), but its input has the column(s) '
+                f'{unexpected} of a result frame: drop them, or keep one row a query', e.modes) from None
         fixes = [fix for (need, found), fix in COLUMN_FIXES.items() if need in missing and found in inp.columns]
         raise pt.validate.InputValidationError(
             f'{transformer!r} needs the column(s) {missing} in its input, which has {list(inp.columns)}'

@@ -247,3 +247,21 @@ def test_a_missing_column_error_names_the_transformer_and_the_fix(tmp_path, colu
         assert repr(retriever) in message and "['query_embs']" in message and fix in message
     with pytest.raises(pt.validate.InputValidationError, match=r"needs the column\(s\) \['docno', 'query_embs'\]"):
         index.scorer()(frame)
+
+
+def test_the_result_frame_replaces_a_query_frames_result_columns_and_names_shared_documents(tmp_path):
+    # documents along the axes: q0 (axis 0, then 1) ranks a, b, c; q1 (axis 1) ranks b, then a and c tied at 0
+    stream = [{'docno': name, 'doc_embs': np.eye(3, dtype=np.float32)[[axis]]} for axis, name in enumerate('abc')]
+    index = MultiVectorIndex(tmp_path / 'index', verbose=False).indexer().index(stream)
+    frame = pd.DataFrame({'qid': ['q0', 'q1'], 'score': [7.0, 7.0], 'rank': [5, 5],
+                          'query_embs': [np.array([[2, 0, 0], [0, 1, 0]], dtype=np.float32),
+                                         np.array([[0, 1, 0]], dtype=np.float32)]})
+    out = index.retriever(num_results=3, device='cpu')(frame)
+    assert list(out.columns) == ['qid', 'query_embs', 'docno', 'docid', 'score', 'rank']
+    assert out['qid'].tolist() == ['q0'] * 3 + ['q1'] * 3
+    assert out['docno'].tolist() == ['a', 'b', 'c', 'b', 'a', 'c']  # ties by the documents' order
+    assert out['docid'].tolist() == [0, 1, 2, 1, 0, 2]
+    assert out['score'].tolist() == [1.0, 0.5, 0.0, 1.0, 0.0, 0.0]  # the mean of the vectors' maxima
+    assert out['rank'].tolist() == [0, 1, 2, 0, 1, 2]
+    with pytest.raises(pt.validate.InputValidationError, match=r"takes a query frame .* the column\(s\) \['docno'\]"):
+        index.retriever()(frame.assign(docno='a'))

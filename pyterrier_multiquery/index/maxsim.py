@@ -80,7 +80,7 @@ class MaxSimSearch(DerivedIdentity, NumResultsCutoff, pt.Transformer):
         validate_frame(self, inp, 'query', ['query_embs'])
         check_unique_qids(inp)
         shards = self.index.searchers()
-        queries = [query_embs(embs, shards.meta['dim'], qid) for qid, embs in zip(inp['qid'], inp['query_embs'])]
+        queries = query_matrices(inp, shards.meta['dim'])
         columns = [c for c in inp.columns if not (self.drop_query_embs and c == 'query_embs')]
         results = []
         if queries:
@@ -379,9 +379,15 @@ def query_embs(embs, dim: int, qid) -> np.ndarray:
     return np.ascontiguousarray(embs)
 
 
+def query_matrices(inp: pd.DataFrame, dim: int) -> List[np.ndarray]:
+    """Each row's ``query_embs`` as :func:`query_embs` gives it (read from the columns as lists: iterating a column of
+    pandas' string dtype costs microseconds a value)."""
+    return [query_embs(embs, dim, qid) for qid, embs in zip(inp['qid'].tolist(), inp['query_embs'].tolist())]
+
+
 def check_qid_types(qids: pd.Series) -> None:
     """Raises naming the first qid that is not a non-null string or integer (None or NaN would come back as NaN)."""
-    for qid in qids:  # not unique(): it takes 0.0 for 0
+    for qid in qids.tolist():  # not unique(): it takes 0.0 for 0; a list: iterating a str column is slow
         if not isinstance(qid, (str, int, np.integer)) or isinstance(qid, (bool, np.bool_)):
             raise ValueError(f'qid {qid!r} ({type(qid).__name__}) is not a non-null string or integer; give each query '
                              'a string qid')
@@ -488,10 +494,16 @@ def result_frame(queries: pd.DataFrame, results, docnos) -> pd.DataFrame:
         docids.append(batch_docids[kept].astype(np.int64))
         counts.append(batch_counts)
     counts, docids = np.concatenate(counts), np.concatenate(docids)
-    out = queries.iloc[np.repeat(np.arange(len(queries)), counts)].reset_index(drop=True)
-    return out.assign(
-        docno=docnos.fwd[docids] if len(docids) else np.zeros(0, dtype=object),
-        docid=docids,
-        score=np.concatenate(scores),
-        rank=np.arange(len(docids)) - np.repeat(np.cumsum(counts) - counts, counts),
-    )
+    found = pd.DataFrame({'docno': looked_up(docnos, docids), 'docid': docids, 'score': np.concatenate(scores),
+                          'rank': np.arange(len(docids)) - np.repeat(np.cumsum(counts) - counts, counts)})
+    out = queries.drop(columns=[c for c in found.columns if c in queries.columns])
+    return pd.concat([out.take(np.repeat(np.arange(len(queries)), counts)).reset_index(drop=True), found], axis=1)
+
+
+def looked_up(docnos, docids: np.ndarray) -> np.ndarray:
+    """The docnos of ``docids`` from an index's docno lookup, each distinct docid looked up once (a query's vectors
+    searched one by one find the same documents)."""
+    if not len(docids):
+        return np.zeros(0, dtype=object)
+    distinct, position = np.unique(docids, return_inverse=True)
+    return docnos.fwd[distinct][position]

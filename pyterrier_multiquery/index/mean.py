@@ -75,14 +75,13 @@ class MeanRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
     @retried_if_replaced
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Retrieves for each query row (``qid``, ``query_embs``); each shard searches its own FlexIndex."""
-        from pyterrier_multiquery.index.maxsim import check_unique_qids, merge_top, query_embs, result_frame
+        from pyterrier_multiquery.index.maxsim import check_unique_qids, merge_top, query_matrices, result_frame
         validate_frame(self, inp, 'query', ['query_embs'])
         check_unique_qids(inp)
         shards = self.index.searchers()
         results = []
         if len(inp):
-            query_vecs = np.stack([self._pool(query_embs(embs, shards.meta['dim'], qid))
-                                   for qid, embs in zip(inp['qid'], inp['query_embs'])])
+            query_vecs = np.stack([self._pool(embs) for embs in query_matrices(inp, shards.meta['dim'])])
             per_shard = shards.map('mean', query_vecs, num_results=self.num_results, normalise=self.normalise,
                                    verbose=self.verbose)
             results = [merge_top(parts, self.num_results) for parts in zip(*per_shard)]

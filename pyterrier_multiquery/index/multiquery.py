@@ -69,17 +69,18 @@ class MultiQueryRetriever(DerivedIdentity, NumResultsCutoff, pt.Transformer):
         """Retrieves for each query row (``qid``, ``query_embs``) and merges its vectors' lists (its MaxSim retriever
         searches once more where a rebuild replaced the index meanwhile)."""
         validate_frame(self, inp, 'query', ['query_embs'])
-        from pyterrier_multiquery.index.maxsim import check_unique_qids, query_embs
+        from pyterrier_multiquery.index.maxsim import check_unique_qids, query_matrices
         check_unique_qids(inp)
         query_columns = [c for c in inp.columns if c != 'query_embs']
         if len(inp) == 0:
             return inp[query_columns].assign(docno=pd.Series(dtype=object), score=pd.Series(dtype=float),
                                              rank=pd.Series(dtype=int))
         dim = self.index.searchers().meta['dim']
-        queries = [query_embs(embs, dim, qid) for qid, embs in zip(inp['qid'], inp['query_embs'])]
+        queries = query_matrices(inp, dim)
         counts = [len(embs) for embs in queries]
         single = pd.DataFrame({  # one row per query vector, each its own qid; position: the query's row in inp
-            'qid': [f'{qid} (vector {vector})' for qid, count in zip(inp['qid'], counts) for vector in range(count)],
+            'qid': [f'{qid} (vector {vector})' for qid, count in zip(inp['qid'].tolist(), counts)
+                    for vector in range(count)],
             'query': '', 'position': np.repeat(np.arange(len(inp)), counts),
             'vector': np.concatenate([np.arange(count) for count in counts]),
             'query_embs': [row[None, :] for embs in queries for row in embs]})
