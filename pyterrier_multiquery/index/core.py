@@ -128,7 +128,7 @@ class MultiVectorIndex(SearchableIndex, pta.Artifact, pt.Indexer):
             FileNotFoundError: If no finished index is at ``path``.
             CorruptIndexError: If a file is truncated or disagrees with the metadata.
         """
-        _, raw = _read_meta(self.path)
+        raw = _meta_bytes(self.path)  # checked where it differs from the bytes of the open build (open_whole)
         if self._payload is None or raw != self._meta_bytes:
             self._payload, self._meta_bytes = open_whole(self.path, MultiVectorIndex,
                                                          lambda meta: _load(self.path, meta))
@@ -523,9 +523,7 @@ def _read_meta(path: Path, artifact: type = None) -> Tuple[dict, bytes]:
     (which change with every build)."""
     artifact = artifact or MultiVectorIndex
     meta_file = path / 'pt_meta.json'
-    if not meta_file.is_file():
-        raise FileNotFoundError(f'no finished {artifact.__name__} at {str(path)!r} (pt_meta.json is missing)')
-    raw = meta_file.read_bytes()
+    raw = _meta_bytes(path, artifact)
     try:
         meta = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -555,6 +553,16 @@ def _read_meta(path: Path, artifact: type = None) -> Tuple[dict, bytes]:
     if not isinstance(meta.get('build_id'), str):
         raise CorruptIndexError(f'{str(meta_file)!r}: build_id must be a string, got {meta.get("build_id")!r}')
     return meta, raw
+
+
+def _meta_bytes(path: Path, artifact: type = None) -> bytes:
+    """The raw bytes of the ``pt_meta.json`` of an index of the class ``artifact`` (default: MultiVectorIndex),
+    unchecked (:func:`_read_meta` checks them)."""
+    meta_file = path / 'pt_meta.json'
+    if not meta_file.is_file():
+        raise FileNotFoundError(f'no finished {(artifact or MultiVectorIndex).__name__} at {str(path)!r} '
+                                '(pt_meta.json is missing)')
+    return meta_file.read_bytes()
 
 
 _OPEN_ATTEMPTS = 5
