@@ -48,17 +48,19 @@ def test_a_tiny_dry_run_writes_the_report(bench, tmp_path, monkeypatch):
     bench.main()
     tables = json.loads(out.with_suffix('.json').read_text())['tables']
     rows = tables['Exact search']
-    effort = rows[3]['system'].split('effort ')[-1].rstrip(')')
+    effort = rows[4]['system'].split('effort ')[-1].rstrip(')')
     assert [r['system'] for r in rows] == ['reference (torch, float32, resident)', 'index exact (cpu)',
-                                           'index approximate (cpu)', f'index approximate (cpu, 16 candidates, '
-                                           f'effort {effort})', 'index exact (cpu, every thread)']
+                                           'index exact (cpu, arrays: no frames)', 'index approximate (cpu)',
+                                           f'index approximate (cpu, 16 candidates, effort {effort})',
+                                           'index exact (cpu, every thread)']
     assert int(effort) > 0 and tables['At matched recall'] == []  # no fast-plaid rows to match
-    approximate = rows[2]
+    approximate = rows[3]
     assert approximate['recall@10'] >= 0.9 and approximate['build s'] > 0
     setting, place = approximate['setting'].split('; candidate stage: ')
     assert (setting == 'exact search' or 'candidates, effort' in setting) and place == 'FAISS on the CPU'
-    grouped = rows[1]
-    assert grouped['same order'] == 1.0 and grouped['max |Δscore|'] == 0.0  # the CPU's rankings and scores
+    grouped, arrays = rows[1], rows[2]
+    for row in (grouped, arrays):
+        assert row['same order'] == 1.0 and row['max |Δscore|'] == 0.0  # the CPU's rankings and scores
     assert grouped['checked against'] == 'index exact (cpu)' and grouped['host GiB (streamed)'] == 0
     assert grouped['docs'] == 1000 and grouped['stored vectors'] >= 4 * 1000
     profile = Path(f'{out}_profile.txt').read_text()
@@ -79,14 +81,16 @@ def test_a_tiny_dry_run_writes_the_report(bench, tmp_path, monkeypatch):
 
 def test_matched_recall_takes_the_fastest_of_each_family_reaching_each_target(bench):
     import pandas as pd
-    table = pd.DataFrame({'workload': ['w'] * 6 + ['v'] * 2, 'system': [
+    table = pd.DataFrame({'workload': ['w'] * 7 + ['v'] * 2, 'system': [
         'reference (torch, float32, resident)', 'index exact (cuda)', 'index approximate (cuda, 64 candidates)',
         'fast-plaid (nbits=4)', 'fast-plaid (nbits=8)', 'index exact (cpu, every thread)',
-        'reference (torch, float32, resident)', 'index exact (cuda)'],
-        'queries/s': [900., 100., 400., 300., 50., 10., 1., 1.], 'recall@10': [1., 1., 0.96, 0.97, 0.995, 1., 1., 1.]})
+        'index exact (cuda, arrays: no frames)', 'reference (torch, float32, resident)', 'index exact (cuda)'],
+        'queries/s': [900., 100., 400., 300., 50., 10., 800., 1., 1.],
+        'recall@10': [1., 1., 0.96, 0.97, 0.995, 1., 1., 1., 1.]})
     found = bench.matched_recall(table)
     # at 0.95: the approximate search (400) against fast-plaid's 4 bits (300); at 0.99: exact (100) against 8 bits
-    # (50); the reference and the CPU's exact search are in neither family; workload v has no fast-plaid rows
+    # (50); the reference, the CPU's exact search and the search without frames are in neither family; workload v
+    # has no fast-plaid rows
     assert found.to_dict('list') == {
         'workload': ['w', 'w'], 'recall@10 at least': [0.95, 0.99],
         'index': ['index approximate (cuda, 64 candidates)', 'index exact (cuda)'], 'index q/s': [400., 100.],
