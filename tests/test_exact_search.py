@@ -70,6 +70,17 @@ def test_queries_of_one_length_are_screened_as_by_the_weights(aggregate):
     np.testing.assert_allclose(summed.numpy(), weighted.numpy(), rtol=1e-6)
 
 
+def test_a_block_says_which_screened_scores_are_not_finite_and_keeps_those_documents():
+    queries = [np.ones((1, 2), dtype=np.float32), np.ones((1, 2), dtype=np.float32)]
+    batch = exact.ScreenedBatch(queries, k=1, aggregate='sum', max_norm=1.0, device='cpu', dtype=torch.float32)
+    assert batch.add(torch.tensor([[0.5, 0.1], [0.2, 0.3]]), 0) is None  # every score finite: nothing to say
+    unknown = batch.add(torch.tensor([[torch.inf, 0.0], [0.1, torch.nan]]), 2)  # documents 2 and 3
+    assert unknown.tolist() == [[True, False], [False, True]]
+    assert batch.top[:, 0].tolist() == [0.5, 0.30000001192092896]  # the infinite score raised no floor
+    # each query keeps its best finite document (floor: it, less a bound of about 1e-7) and its non-finite one
+    assert batch.candidates().tolist() == [[0, 2], [1, 3]]
+
+
 def float64_search(vectors, offsets, queries, aggregate, k):
     """Every document scored in float64, rounded to float32, sorted by score and then docid."""
     vectors = np.asarray(vectors, dtype=np.float64)

@@ -195,20 +195,22 @@ class ScreenedBatch:
         summed = maxima.view(len(maxima), -1, self.query_length).sum(dim=2)
         return summed / self.query_length if self.aggregate == 'mean' else summed
 
-    def add(self, screened, first) -> 'torch.Tensor':
+    def add(self, screened, first) -> Optional['torch.Tensor']:
         """Takes the screened scores of the documents ``first, first + 1, ...`` (or, where ``first`` is a tensor,
         of the documents it holds), none added before: raises each query's ``k``-th screened score and keeps the
         documents at or above its :meth:`floor`, and those whose screened score is not finite (a float32 sum that
-        overflowed: their exact scores decide). Returns where the scores are not finite.
+        overflowed: their exact scores decide). Returns where the scores are not finite, or None where all are.
 
         The running top ``k`` is merged with the block's own top ``k``, and the floor is compared in float32 (rounded
-        down), so that no copy of the block's scores is made beyond one with its non-finite scores masked."""
-        unknown = ~torch.isfinite(screened)
-        known = screened.masked_fill(unknown, -torch.inf)
+        down), so that the block's scores are read, not copied: only where some are not finite is a copy made with
+        those masked (a pass over a GPU's memory costs as much as the comparisons)."""
+        unknown = None if bool(torch.isfinite(screened).all()) else ~torch.isfinite(screened)
+        known = screened if unknown is None else screened.masked_fill(unknown, -torch.inf)
         self.top = torch.cat([self.top, known.topk(min(self.k, known.shape[1]), dim=1).values], dim=1)
         self.top = self.top.topk(min(self.k, self.top.shape[1]), dim=1).values
         floor = float32_at_or_below(self.floor())
-        rows, columns = torch.nonzero((known >= floor[:, None]) | unknown, as_tuple=True)
+        kept = known >= floor[:, None]
+        rows, columns = torch.nonzero(kept if unknown is None else kept | unknown, as_tuple=True)
         docids = first[columns] if isinstance(first, torch.Tensor) else columns + first
         self.pool.append((rows, docids, screened[rows, columns].nan_to_num(torch.inf, torch.inf, torch.inf)))
         self.pooled += len(rows)
@@ -296,7 +298,7 @@ def exact_top(queries: List[np.ndarray], vectors, offsets: np.ndarray, *, num_re
         block = screening_rows(vectors, slice(offsets[first], offsets[last]), device, dtype)
         for i, batch in enumerate(batches):
             unknown = batch.add(batch.screen(block, block_offsets, tile_vectors[i]), first)
-            if check is not None and bool(unknown.any()):  # a damaged document, or an overflow
+            if check is not None and unknown is not None:  # a damaged document, or an overflow
                 check.stored_vectors(first + np.unique(np.nonzero(unknown.cpu().numpy())[1]))
     return scored_candidates(batches, queries, batch_size, vectors, offsets, num_results=num_results,
                              aggregate=aggregate, tile_bytes=tile_bytes, device=device, check=check)

@@ -232,7 +232,7 @@ def grouped_exact_top(queries: List[np.ndarray], groups: LengthGroups, vectors, 
         chunks = pt.tqdm(chunks, total=len(groups), desc=label, unit='chunk')
     for docids, docs, _ in chunks:
         unknown = batch.add(screen(docs, padded, weights, backend, tile_bytes), docids)
-        if check is not None and bool(unknown.any()):  # a damaged document, or an overflow
+        if check is not None and unknown is not None:  # a damaged document, or an overflow
             check.stored_vectors(np.unique(docids[torch.nonzero(unknown)[:, 1]].cpu().numpy()))
     (scores, docids), = scored_candidates([batch], queries, len(queries), vectors, offsets, num_results=num_results,
                                           aggregate=aggregate, tile_bytes=tile_bytes, device=device, check=check)
