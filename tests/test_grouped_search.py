@@ -157,6 +157,27 @@ def test_a_small_budget_streams_the_chunks_and_ranks_the_same(tmp_path):
         np.testing.assert_array_equal(scores, expected_scores)
 
 
+def test_chunks_taken_into_the_top_k_together_rank_as_one_at_a_time(tmp_path, monkeypatch):
+    docs, queries = near_tie_collection(np.random.default_rng(4), 300, 16, True)
+    index = MultiVectorIndex(tmp_path / 'index', verbose=False).indexer().index(docs)
+    meta, vectors, offsets, _ = index.payload()
+    groups = grouped.LengthGroups.build(vectors, offsets, 'cpu', chunk_vectors=64)
+    settings = dict(num_results=10, aggregate='mean', batch_size=4, tile_bytes=1 << 16, device='cpu',
+                    max_norm=meta['max_norm'])
+    takes = []
+    add = grouped.ScreenedBatch.add
+    monkeypatch.setattr(grouped.ScreenedBatch, 'add', lambda self, scores, first: takes.append(scores.shape[1]) or
+                        add(self, scores, first))
+    one_by_one = grouped.grouped_exact_top(queries, groups, vectors, offsets, merge_bytes=0, **settings)
+    assert takes == [len(chunk.docids) for chunk in groups.chunk_list] and len(takes) > 2
+    takes.clear()
+    together = grouped.grouped_exact_top(queries, groups, vectors, offsets, **settings)
+    assert takes == [len(offsets) - 1]  # every chunk's scores at once: far below MERGE_BYTES
+    for (scores, docids), (expected_scores, expected_docids) in zip(together, one_by_one):
+        np.testing.assert_array_equal(docids, expected_docids)
+        np.testing.assert_array_equal(scores, expected_scores)
+
+
 def test_a_non_finite_stored_vector_is_reported_by_document(tmp_path, grouped_on_cpu):
     from pyterrier_multiquery.index.errors import CorruptIndexError
     rng = np.random.default_rng(0)

@@ -43,6 +43,9 @@ FLOAT16_LIMIT = 2.0 ** 15
 ACCUMULATION_ROUNDOFF = 2.0 ** -20
 #: Stored vectors (padding included) in one chunk of a group.
 CHUNK_VECTORS = 1 << 21
+#: Screened scores (bytes) gathered from consecutive chunks before the running top k takes them in one step: the
+#: small chunks of ragged or small collections each cost that step's kernels and synchronisations otherwise.
+MERGE_BYTES = 64 << 20
 
 
 def group_dtype(max_norm: float) -> 'torch.dtype':
@@ -213,7 +216,8 @@ def screen(docs: 'torch.Tensor', queries: 'torch.Tensor', weights: 'torch.Tensor
 
 def grouped_exact_top(queries: List[np.ndarray], groups: LengthGroups, vectors, offsets: np.ndarray, *,
                       num_results: int, aggregate: str, batch_size: int, tile_bytes: int, device: str,
-                      max_norm: float, backend: Optional[str] = None, label: Optional[str] = None, check=None):
+                      max_norm: float, backend: Optional[str] = None, label: Optional[str] = None, check=None,
+                      merge_bytes: int = MERGE_BYTES):
     """Each query's top documents by exact MaxSim, as :func:`~.exact.exact_top`, screening the documents' grouped
     vectors (every query against a chunk in one call, their running top ``k`` and survivors kept together) before
     scoring the survivors from the stored ``vectors`` (in steps of ``tile_bytes``).
@@ -221,6 +225,8 @@ def grouped_exact_top(queries: List[np.ndarray], groups: LengthGroups, vectors, 
     Args:
         batch_size: The queries of each ``(scores, docids)`` returned.
         backend: ``triton`` or ``torch`` (default: :func:`screening_backend` of the device).
+        merge_bytes: The screened scores of consecutive chunks are taken into the running top ``k`` together up to
+            this size (a larger chunk alone).
     """
     backend = backend or screening_backend(device)
     similarity = grouped_similarity_error(vectors.shape[1], backend, groups.dtype, groups.exact)
@@ -230,10 +236,22 @@ def grouped_exact_top(queries: List[np.ndarray], groups: LengthGroups, vectors, 
     chunks = groups.chunks()
     if label is not None:
         chunks = pt.tqdm(chunks, total=len(groups), desc=label, unit='chunk')
-    for docids, docs, _ in chunks:
-        unknown = batch.add(screen(docs, padded, weights, backend, tile_bytes), docids)
+    pending = []  # (screened scores, docids) of chunks not yet taken in
+
+    def take_in():
+        scores, docids = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1) for parts in zip(*pending))
+        pending.clear()
+        unknown = batch.add(scores, docids)
         if check is not None and unknown is not None:  # a damaged document, or an overflow
             check.stored_vectors(np.unique(docids[torch.nonzero(unknown)[:, 1]].cpu().numpy()))
+
+    for docids, docs, _ in chunks:
+        screened = screen(docs, padded, weights, backend, tile_bytes)
+        if pending and sum(scores.nbytes for scores, _ in pending) + screened.nbytes > merge_bytes:
+            take_in()
+        pending.append((screened, docids))
+    if pending:
+        take_in()
     (scores, docids), = scored_candidates([batch], queries, len(queries), vectors, offsets, num_results=num_results,
                                           aggregate=aggregate, tile_bytes=tile_bytes, device=device, check=check)
     return [(scores[start:start + batch_size], docids[start:start + batch_size])
