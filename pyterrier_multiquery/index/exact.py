@@ -204,7 +204,8 @@ class ScreenedBatch:
         The running top ``k`` is merged with the block's own top ``k``, and the floor is compared in float32 (rounded
         down), so that the block's scores are read, not copied: only where some are not finite is a copy made with
         those masked (a pass over a GPU's memory costs as much as the comparisons)."""
-        unknown = None if bool(torch.isfinite(screened).all()) else ~torch.isfinite(screened)
+        finite = torch.isfinite(screened)
+        unknown = None if bool(finite.all()) else ~finite
         known = screened if unknown is None else screened.masked_fill(unknown, -torch.inf)
         self.top = torch.cat([self.top, known.topk(min(self.k, known.shape[1]), dim=1).values], dim=1)
         self.top = self.top.topk(min(self.k, self.top.shape[1]), dim=1).values
