@@ -6,10 +6,10 @@
 Workloads (bench_index.py's distributions; 200 queries of 8 vectors, top 10): clustered-20k, -100k, -1000k and
 -10000k (8 vectors of 128 dimensions a document around 2,000 topic centres, noise 0.5, unit-normalised), ragged-20k
 and -100k (4 to 64 vectors a document), dim96-20k (96 dimensions), and minilm-scifact (all-MiniLM-L6-v2's token
-vectors of SciFact's abstracts, from the model folder ``--minilm-model`` and ``--data-root``/scifact; queries: the
-first 8 tokens of the test queries). The synthetic collections are drawn on the GPU, a chunk of documents at a time,
-and written by ``index_arrays`` in float16 (the 'build s' column); the first search groups them by length on the GPU
-('first search s').
+vectors of SciFact's abstracts, from the model folder ``--minilm-model``, on a lent machine the 8-bit copy that
+``gpu/prepare.sh`` carries, and ``--data-root``/scifact; queries: the first 8 tokens of the test queries). The
+synthetic collections are drawn on the GPU, a chunk of documents at a time, and written by ``index_arrays`` in
+float16 (the 'build s' column); the first search groups them by length on the GPU ('first search s').
 
 Systems, each called on all queries at once:
 - reference: plain torch with every stored vector resident on the GPU in float32: one matmul of all query vectors
@@ -123,11 +123,16 @@ def clustered_arrays(doc_count: int, dim: int = 128, min_vectors: int = 8, max_v
 
 def minilm_arrays(model: Path, data_root: Path, max_length: int = 256, batch_size: int = 128):
     """(float16 vectors, lengths, queries): all-MiniLM-L6-v2's normalised token vectors of SciFact's abstracts
-    ([CLS], [SEP] and padding left out) and of its test queries' first 8 tokens, encoded on the GPU."""
+    ([CLS], [SEP] and padding left out) and of its test queries' first 8 tokens, encoded on the GPU. ``model`` is a
+    Hugging Face folder, or one with 8-bit weights (``experiments/gpu/minilm_int8.py``, as prepare.sh carries it)."""
     from transformers import AutoModel, AutoTokenizer
     from pyterrier_multiquery.loaders import load_dataset
     tokenizer = AutoTokenizer.from_pretrained(model)
-    encoder = AutoModel.from_pretrained(model, torch_dtype=torch.float32).to(DEVICE).eval()
+    from gpu import minilm_int8   # experiments/gpu, beside this script
+    if (model / minilm_int8.WEIGHTS).exists():
+        encoder = minilm_int8.load(model).to(DEVICE)
+    else:
+        encoder = AutoModel.from_pretrained(model, dtype=torch.float32).to(DEVICE).eval()
     dataset = load_dataset(data_root / 'scifact')
 
     def encode(texts):

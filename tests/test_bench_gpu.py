@@ -96,3 +96,57 @@ def test_matched_recall_takes_the_fastest_of_each_family_reaching_each_target(be
         'index': ['index approximate (cuda, 64 candidates)', 'index exact (cuda)'], 'index q/s': [400., 100.],
         'fast-plaid': ['fast-plaid (nbits=4)', 'fast-plaid (nbits=8)'], 'fast-plaid q/s': [300., 50.],
         'index / fast-plaid': [400 / 300, 2.0]}
+
+
+@pytest.fixture
+def minilm_int8(monkeypatch):
+    """experiments/gpu/minilm_int8.py, importable as bench_gpu.py imports it (experiments/ on the path)."""
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    from gpu import minilm_int8
+    return minilm_int8
+
+
+def test_int8_weights_are_each_within_half_a_step_of_the_model(minilm_int8, save_tiny_bert, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModel
+    source = save_tiny_bert(['cats', 'purr', 'dogs', 'bark'])
+    minilm_int8.pack(source, tmp_path / 'packed')
+    assert sorted(p.name for p in (tmp_path / 'packed').iterdir()) == [
+        'config.json', 'int8.safetensors', 'tokenizer.json', 'tokenizer_config.json']   # nothing half-written left
+    original = AutoModel.from_pretrained(source).eval()
+    stored = load_file(str(tmp_path / 'packed' / 'int8.safetensors'))
+    loaded = minilm_int8.load(tmp_path / 'packed')
+    for name, value in original.state_dict().items():
+        back = loaded.state_dict()[name]
+        if value.dim() == 2:
+            assert stored[name].dtype == torch.int8
+            step = value.abs().amax(dim=1, keepdim=True) / 127
+            assert ((back - value).abs() <= step / 2 + 1e-7).all(), name
+            torch.testing.assert_close(back.abs().amax(dim=1), value.abs().amax(dim=1))   # each row's largest kept
+        else:
+            assert torch.equal(back, value.half().float()), name
+    ids = torch.tensor([[2, 5, 6, 3]])
+    with torch.no_grad():
+        cosine = torch.nn.functional.cosine_similarity(original(ids).last_hidden_state, loaded(ids).last_hidden_state,
+                                                       dim=-1)
+    assert (cosine > 0.99).all()
+
+
+def test_the_minilm_workload_reads_an_int8_folder(bench, minilm_int8, save_tiny_bert, tmp_path):
+    import torch
+    words = ['cats', 'purr', 'dogs', 'bark', 'birds', 'sing']
+    minilm_int8.pack(save_tiny_bert(words), tmp_path / 'packed')
+    scifact = tmp_path / 'data' / 'scifact'
+    (scifact / 'qrels').mkdir(parents=True)
+    (scifact / 'corpus.jsonl').write_text('{"_id": "d1", "title": "", "text": "cats purr"}\n'
+                                          '{"_id": "d2", "title": "", "text": "dogs bark birds sing"}\n')
+    (scifact / 'queries.jsonl').write_text('{"_id": "q1", "text": "purr"}\n{"_id": "q2", "text": "dogs sing"}\n')
+    (scifact / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t1\n')
+    vectors, lengths, queries = bench.minilm_arrays(tmp_path / 'packed', tmp_path / 'data')
+    assert lengths.tolist() == [2, 4] and vectors.dtype == np.float16 and vectors.shape == (6, 32)
+    model = minilm_int8.load(tmp_path / 'packed')
+    with torch.no_grad():   # "dogs bark birds sing": word ids 7 to 10, no special tokens added by this tokenizer
+        expected = torch.nn.functional.normalize(model(torch.tensor([[7, 8, 9, 10]])).last_hidden_state[0], dim=-1)
+    np.testing.assert_allclose(vectors[2:], expected.numpy(), atol=1e-3)
+    assert [q.shape for q in queries] == [(8, 32), (8, 32)]   # each query's vectors repeated to 8

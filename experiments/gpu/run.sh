@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # Runs on a lent GPU machine, in the repository's root (the device tool's working copy), with the folders of
 # experiments/gpu/prepare.sh carried: installs the carried wheels, runs the CUDA tests, then bench_gpu.py with the
-# arguments given (its report lands in $OUT). The two calls of one lent session, the second on the machine the first
-# left warm (on an H100 the first took 7 minutes; the second 5 minutes up to its 10M row, which ran out of memory in
-# the benchmark's reference, since fixed, and whose length there is not yet known):
+# arguments given (its report lands in $OUT). A lent session has 15 minutes of device time, the machine's start (1 to 2
+# minutes) included, so its two calls, the second on the machine the first left warm (30 s), fit once with no time for
+# a rerun (on an H100 the first took 7 minutes; the second 5 minutes up to its 10M row, which then ran out of memory in
+# the benchmark's reference, since fixed); the report is written after each workload and comes back when a call's
+# limit stops it. What each call carries is under the tool's 64 MiB with the repository (prepare.sh prints it):
 #   carry ['.whl']:                   bash experiments/gpu/run.sh --peers --approximate --approximate-candidates 64 256
 #                                       1024 --workloads clustered-1000k clustered-100k ragged-100k clustered-20k
 #                                       dim96-20k ragged-20k
 #   carry ['.whl/core', '.gpu-data']: GPU_TESTS=0 bash experiments/gpu/run.sh --workloads minilm-scifact
 #                                       clustered-10000k
 # Issue 46's item 3 at a million documents (the FAISS build on the machine's CPU, then the IVF lists searched in torch
-# on the GPU and calibrated there; not yet timed), on the same warm machine where minutes are left, else first in the
-# next lent session:
+# on the GPU and calibrated there; not yet timed) does not fit the same session: first in the next lent one:
 #   carry ['.whl']:                   GPU_TESTS=0 bash experiments/gpu/run.sh --peers --approximate --approximate-docs
 #                                       1000000 --approximate-candidates 64 256 1024 --workloads clustered-1000k
 # (the report's "At matched recall" table compares the index with fast-plaid at recall@10 0.95 and 0.99).
