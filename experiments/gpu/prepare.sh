@@ -8,7 +8,7 @@
 #   .gpu-data/  all-MiniLM-L6-v2 with 8-bit weights (experiments/gpu/minilm_int8.py: 23 MiB; 45 MiB in float16) and
 #               SciFact, gzipped (3 MiB), for the minilm-scifact workload
 # A call carries at most 64 MiB, the repository's files included (tracked, and untracked ones git does not ignore:
-# 24 MiB at 8107f27, most of it experiments/results): all of .whl in one call (58 MiB), .whl/core with .gpu-data in the
+# 23 MiB at 8107f27, most of it experiments/results): all of .whl in one call (58 MiB), .whl/core with .gpu-data in the
 # other (51 MiB). The last lines printed are what each call would carry; the script fails where one is over the limit.
 #   bash experiments/gpu/prepare.sh [DATA_ROOT]      (default ../shared/data)
 set -euo pipefail
