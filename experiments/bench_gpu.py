@@ -125,10 +125,10 @@ def minilm_arrays(model: Path, data_root: Path, max_length: int = 256, batch_siz
     """(float16 vectors, lengths, queries): all-MiniLM-L6-v2's normalised token vectors of SciFact's abstracts
     ([CLS], [SEP] and padding left out) and of its test queries' first 8 tokens, encoded on the GPU. ``model`` is a
     Hugging Face folder, or one with 8-bit weights (``experiments/gpu/minilm_int8.py``, as prepare.sh carries it)."""
+    from gpu import minilm_int8   # experiments/gpu, beside this script
     from transformers import AutoModel, AutoTokenizer
     from pyterrier_multiquery.loaders import load_dataset
     tokenizer = AutoTokenizer.from_pretrained(model)
-    from gpu import minilm_int8   # experiments/gpu, beside this script
     if (model / minilm_int8.WEIGHTS).exists():
         encoder = minilm_int8.load(model).to(DEVICE)
     else:
