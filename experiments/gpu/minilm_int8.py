@@ -31,7 +31,7 @@ def pack(source: Path, dest: Path) -> None:
         if value.dim() == 2:
             scale = value.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127
             tensors[name] = torch.round(value / scale).to(torch.int8)
-            tensors[name + SCALE] = scale.float()
+            tensors[name + SCALE] = scale
         else:
             tensors[name] = value.half()
     dest.mkdir(parents=True, exist_ok=True)
