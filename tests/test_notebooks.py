@@ -60,7 +60,7 @@ def test_jpr(run_notebook):
     assert figures['qid'] == '149'
     assert figures['covered'] == {'MiniLM': ['1', '2'], 'IndepPR': ['1', '2'], 'JPR': ['1', '2'],
                                   'IndepPR (as trained, λ=1)': ['2'], 'JPR (as trained, λ=1)': ['1', '2']}
-    assert figures['three answers'] == [0.758, 0.771, 0.764]
+    assert figures['three answers'] == [0.758, 0.766, 0.769]
 
 
 def test_diffretriever(run_notebook):
