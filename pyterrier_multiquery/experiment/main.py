@@ -60,8 +60,8 @@ def main(argv=None) -> int:
                              'on the training split), or both, each in its own rows (default: %(default)s)')
     parser.add_argument('--no-train', action='store_true', help='train no model: baselines (and --amer/--jpr) only')
     parser.add_argument('--threads', type=int, default=DEFAULT_THREADS,
-                        help='torch threads: the figures are the same to the last digit for one count (default: '
-                             '%(default)s, the count the README\'s table was made with)')
+                        help='torch threads: the figures are the same to the last digit for one count on one '
+                             'machine (default: %(default)s, the count the README\'s table was made with)')
     parser.add_argument('--seed', type=int, default=0, help='seed of the training runs (default: %(default)s)')
     parser.add_argument('-v', '--verbose', action='store_true', help='show every progress bar and library log')
     parser.add_argument('--save', help='write the table as CSV to this path')
