@@ -197,9 +197,9 @@ def figure(table: pd.DataFrame):
     """ΔMRecall@10 against MiniLM with its interval, one panel per test collection."""
     import matplotlib.pyplot as plt
     targets = list(dict.fromkeys(table['tested on']))
-    rows = max((table['tested on'] == target).sum() for target in targets)
-    # a label's height per row, so that the tallest panel's labels do not overlap
-    fig, axes = plt.subplots(1, len(targets), figsize=(6.4 * len(targets), max(4.2, 1.4 + 0.14 * rows)), squeeze=False)
+    # a label's height per row of the tallest panel, so that its labels do not overlap
+    height = max(4.2, 1.4 + 0.14 * table['tested on'].value_counts().max())
+    fig, axes = plt.subplots(1, len(targets), figsize=(6.4 * len(targets), height), squeeze=False)
     for ax, target in zip(axes[0], targets):
         part = table[(table['tested on'] == target) & (table['system'] != 'MiniLM')].reset_index(drop=True)
         interval = part['MRecall@10 95% CI vs MiniLM'].str.strip('[]').str.split(', ')
