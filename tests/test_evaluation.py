@@ -164,6 +164,16 @@ def test_line_figure_panels_and_lines():
     assert list(fig.axes[1].lines[1].get_ydata()) == [6, 7]
 
 
+def test_line_figure_colours_lines_by_the_first_column_and_names_each_value_once():
+    frame = pd.DataFrame({'x': [0, 1] * 6, 'y': range(12), 'system': list('aaaabbbbcccc'), 'fold': [0, 0, 1, 1] * 3})
+    ax = line_figure(frame, 'x', 'y', line=['system', 'fold']).axes[0]
+    colours = [line.get_color() for line in ax.lines]
+    assert len(colours) == 6 and colours[0] == colours[1] and len(set(colours)) == 3
+    legend = ax.get_legend()
+    assert [text.get_text() for text in legend.get_texts()] == ['a', 'b', 'c']
+    assert legend.get_title().get_text() == 'one line per fold'
+
+
 def test_line_figure_ticks_whole_values_of_an_integer_x():
     frame = pd.DataFrame({'M': [3, 5, 3, 5], 'value': [1., 2., 3., 4.], 'prompt': list('aabb')})
     ticks = line_figure(frame, 'M', 'value', line='prompt').axes[0].get_xticks()

@@ -403,7 +403,9 @@ def line_figure(frame: pd.DataFrame, x: str, y: str, *, line, panel: Optional[st
         frame: Long-format data.
         x: Column on the x axis.
         y: Column on the y axis.
-        line: Column (or list of columns) whose values are the lines.
+        line: Column (or list of columns) whose values are the lines. With several columns the first one's
+            value picks a line's colour and names it once in the legend (one line per value of the others: folds,
+            say).
         panel: Column whose values are the panels, side by side (one panel when None).
         ylabel: The y axis label (default ``y``).
         size: Width and height of one panel, in inches.
@@ -411,20 +413,28 @@ def line_figure(frame: pd.DataFrame, x: str, y: str, *, line, panel: Optional[st
     with requires('experiments'):
         import matplotlib.pyplot as plt
         from matplotlib.ticker import MaxNLocator
+    keys = [line] if isinstance(line, str) else list(line)
+    colours = {value: f'C{i % 10}' for i, value in enumerate(dict.fromkeys(frame[keys[0]]))}
     panels = list(dict.fromkeys(frame[panel])) if panel else [None]
     integer_x = pd.api.types.is_integer_dtype(frame[x])
     fig, axes = plt.subplots(1, len(panels), figsize=(size[0] * len(panels), size[1]), squeeze=False)
     for ax, name in zip(axes[0], panels):
         part = frame if panel is None else frame[frame[panel] == name]
-        for label, group in part.groupby(line, sort=False):
-            ax.plot(group[x], group[y], marker='.',
-                    label=', '.join(map(str, label)) if isinstance(label, tuple) else label)
+        named = set()
+        for (value, *_), group in part.groupby(keys, sort=False):
+            ax.plot(group[x], group[y], marker='.', color=colours[value], label=None if value in named else value,
+                    **({'linewidth': 0.8, 'alpha': 0.7} if len(keys) > 1 else {}))
+            named.add(value)
         ax.set_title('' if name is None else str(name), fontsize=10)
         ax.set_xlabel(x)
         ax.set_ylabel(ylabel or y)
         if integer_x:  # M, epochs: no ticks between whole values
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes[0][-1].legend(fontsize=7)
+    if len(keys) > 1:   # beside the last panel: its many lines leave no corner free
+        axes[0][-1].legend(fontsize=7, title=f'one line per {", ".join(keys[1:])}', title_fontsize=7,
+                           loc='upper left', bbox_to_anchor=(1.02, 1))
+    else:
+        axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
     return fig
 
