@@ -60,8 +60,10 @@ def figure(runs: pd.DataFrame):
 def run_seed(parts: StoredParts, seed: int, args) -> None:
     """Runs the main job with ``seed`` and stores its table and the weights its training chose."""
     out = args.out.with_name(f'{args.out.name}_seed{seed}.csv')
-    assert main_job(['--data-root', str(args.data_root), '--cache-dir', str(args.cache_dir), '--seed', str(seed),
-                     '--save', str(out)]) == 0
+    status = main_job(['--data-root', str(args.data_root), '--cache-dir', str(args.cache_dir), '--seed', str(seed),
+                       '--save', str(out)])
+    if status != 0:
+        raise SystemExit(f'the main job with seed {seed} exited with status {status}')
     table = pd.read_csv(out)
     out.unlink()
     tests = [f'{m} p-value vs MiniLM-FT' for m in MEASURES if f'{m} p-value vs MiniLM-FT' in table.columns]
