@@ -36,7 +36,7 @@ def chosen_weights(cache_dir: Path, seed: int) -> dict:
             if key['settings'].get('seed') == seed and key['settings'].get('departure') == 'one_se':
                 training = json.loads((manifest.parent / 'artifact' / 'training.json').read_text())
                 chosen[f'{kind.upper()} over {training["first_stage"]}'] = training['history']['departure']
-    return chosen
+    return dict(sorted(chosen.items()))   # the cache's entry names are hashes: order the columns by name
 
 
 def figure(runs: pd.DataFrame):
