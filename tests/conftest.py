@@ -1,6 +1,8 @@
 import importlib.metadata
+import importlib.util
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -8,7 +10,24 @@ import pyterrier as pt
 import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / 'notebooks'
+EXPERIMENTS = Path(__file__).resolve().parents[1] / 'experiments'
 CHECK = 'NOTEBOOK CHECK '  # what the cell execute_notebook adds prints before its JSON
+
+
+@pytest.fixture(scope='module')
+def experiment_script():
+    """Loads a script of ``experiments/`` by name as a module, with ``experiments/`` on ``sys.path`` for the test
+    module, as when the script runs from there (some import their neighbours)."""
+    sys.path.insert(0, str(EXPERIMENTS))
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f'{name}.py')
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    yield load
+    sys.path.remove(str(EXPERIMENTS))
 
 
 @pytest.fixture(scope='session')

@@ -3,7 +3,6 @@ collection, and a checkout whose package is not the one imported refused."""
 import argparse
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,13 +17,8 @@ PACKAGE_ROOT = Path(importlib.util.find_spec('pyterrier_multiquery').origin).res
 
 
 @pytest.fixture(scope='module')
-def bench():
-    sys.path.insert(0, str(ROOT / 'experiments'))  # the script imports bench_exact, as when run from experiments/
-    spec = importlib.util.spec_from_file_location('bench_commits', ROOT / 'experiments' / 'bench_commits.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    sys.path.remove(str(ROOT / 'experiments'))
+def bench(experiment_script):
+    return experiment_script('bench_commits')   # it imports bench_exact
 
 
 def result(exact_s, approximate_s, digest='a', recall=1.):

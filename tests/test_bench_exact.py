@@ -1,9 +1,6 @@
 """experiments/bench_exact.py: its einsum reference ranks as the index does (so that its ratio compares equal work),
 and a tiny run writes the report."""
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,17 +11,10 @@ from pyterrier_multiquery.index import MultiVectorIndex  # noqa: E402
 from pyterrier_multiquery.index.calibration import CANDIDATE_COUNTS  # noqa: E402
 from pyterrier_multiquery.experiment.clustered_collection import clustered_collection  # noqa: E402
 
-EXPERIMENTS = Path(__file__).parents[1] / 'experiments'
-
 
 @pytest.fixture(scope='module')
-def bench():
-    sys.path.insert(0, str(EXPERIMENTS))  # the script imports bench_peer_worker, as when run from experiments/
-    spec = importlib.util.spec_from_file_location('bench_exact', EXPERIMENTS / 'bench_exact.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    sys.path.remove(str(EXPERIMENTS))
+def bench(experiment_script):
+    return experiment_script('bench_exact')   # it imports bench_peer_worker
 
 
 def test_the_einsum_reference_finds_the_index_top_10(bench, tmp_path):

@@ -1,6 +1,5 @@
 """experiments/bench_gpu.py, the script a lent GPU runs, dry-run on the CPU (the index screening by length groups
 there, as on a GPU): its reference ranks as the index does, and a tiny run writes the report."""
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -14,10 +13,8 @@ EXPERIMENTS = Path(__file__).parents[1] / 'experiments'
 
 
 @pytest.fixture
-def bench(monkeypatch):
-    spec = importlib.util.spec_from_file_location('bench_gpu', EXPERIMENTS / 'bench_gpu.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def bench(monkeypatch, experiment_script):
+    module = experiment_script('bench_gpu')
     monkeypatch.setattr(module, 'DEVICE', 'cpu')
     monkeypatch.setattr(module, 'bf16_peak', lambda: 1.0)
     return module

@@ -1,9 +1,7 @@
 """experiments/bench_index.py: the headline's ratio over the fastest peer worked out by hand, and a tiny run of both
 parts (the index's own engine alone: the peers' venvs are not on a test machine) writes the whole report."""
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -12,17 +10,10 @@ import pytest
 pytest.importorskip('faiss')
 pytest.importorskip('tabulate')
 
-EXPERIMENTS = Path(__file__).parents[1] / 'experiments'
-
 
 @pytest.fixture(scope='module')
-def bench():
-    sys.path.insert(0, str(EXPERIMENTS))  # the script imports its parts, as when run from experiments/
-    spec = importlib.util.spec_from_file_location('bench_index', EXPERIMENTS / 'bench_index.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    sys.path.remove(str(EXPERIMENTS))
+def bench(experiment_script):
+    return experiment_script('bench_index')   # it imports its parts
 
 
 def test_the_index_is_compared_with_the_fastest_peer_that_reaches_the_recall(bench):

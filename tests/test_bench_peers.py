@@ -1,6 +1,5 @@
 """experiments/bench_peers.py: queries/s at matched recall worked out by hand, and a tiny run of the index's own
 engine through the worker process (the peers' venvs are not on a test machine) writes the report."""
-import importlib.util
 import json
 import sys
 import time
@@ -16,13 +15,8 @@ EXPERIMENTS = Path(__file__).parents[1] / 'experiments'
 
 
 @pytest.fixture(scope='module')
-def bench():
-    sys.path.insert(0, str(EXPERIMENTS))  # the script imports bench_exact, as when run from experiments/
-    spec = importlib.util.spec_from_file_location('bench_peers', EXPERIMENTS / 'bench_peers.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    sys.path.remove(str(EXPERIMENTS))
+def bench(experiment_script):
+    return experiment_script('bench_peers')   # it imports bench_exact
 
 
 def row(engine, build, search, seconds, recall, **extra):

@@ -1,22 +1,15 @@
 """experiments/seed_spread.py: several seeds' reports of one experiment combined, on hand-made reports."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 pytest.importorskip('tabulate')
 
-EXPERIMENTS = Path(__file__).parents[1] / 'experiments'
-
 
 @pytest.fixture
-def seed_spread():
-    spec = importlib.util.spec_from_file_location('seed_spread', EXPERIMENTS / 'seed_spread.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def seed_spread(experiment_script):
+    return experiment_script('seed_spread')
 
 
 def report(seed, amer, p, interval, held='yes'):

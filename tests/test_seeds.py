@@ -1,21 +1,14 @@
 """experiments/seeds.py: the departure weights a seed's trainings chose, read from hand-made cache entries."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip('tabulate')
 
-EXPERIMENTS = Path(__file__).parents[1] / 'experiments'
-
 
 @pytest.fixture
-def seeds():
-    spec = importlib.util.spec_from_file_location('seeds', EXPERIMENTS / 'seeds.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def seeds(experiment_script):
+    return experiment_script('seeds')
 
 
 def entry(cache, name, seed, first_stage, weight, departure='one_se'):

@@ -1,21 +1,14 @@
 """experiments/transfer.py: the back-off rows composed from stored scores, and a report asked of parts that were
 never stored."""
-import importlib.util
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
-EXPERIMENTS = Path(__file__).parents[1] / 'experiments'
-
 
 @pytest.fixture(scope='module')
-def transfer():
-    spec = importlib.util.spec_from_file_location('transfer', EXPERIMENTS / 'transfer.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def transfer(experiment_script):
+    return experiment_script('transfer')
 
 
 def test_each_refiner_backs_off_to_its_own_first_stage(transfer):
