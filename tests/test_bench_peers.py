@@ -3,15 +3,12 @@ engine through the worker process (the peers' venvs are not on a test machine) w
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytest.importorskip('faiss')
 pytest.importorskip('tabulate')
-
-EXPERIMENTS = Path(__file__).parents[1] / 'experiments'
 
 
 @pytest.fixture(scope='module')
@@ -78,45 +75,40 @@ class SweepEngine:
         return [self.reference[f'q{i}'][:keep] for i in range(len(queries))]
 
 
-def sweep(default_seconds, seconds_per_candidate, slowest=np.inf, default=True):
-    """(settings run, their recall, whether cut by time, settings searched, settings given) of warm_up over the
-    calibrated default (unless not ``default``) and candidates=40 to 200 of :class:`SweepEngine`."""
-    sys.path.insert(0, str(EXPERIMENTS))
-    try:
-        import bench_peer_worker
-    finally:
-        sys.path.remove(str(EXPERIMENTS))
+@pytest.fixture(scope='module')
+def worker(experiment_script):
+    return experiment_script('bench_peer_worker')
+
+
+def sweep(worker, default_seconds, seconds_per_candidate, slowest=np.inf, default=True):
+    """(settings run, their recall, whether cut by time, settings searched, settings given) of ``worker``'s warm_up
+    over the calibrated default (unless not ``default``) and candidates=40 to 200 of :class:`SweepEngine`."""
     reference = {'q0': list(range(10)), 'q1': list(range(10, 20))}
     engine = SweepEngine(reference, default_seconds, seconds_per_candidate)
     settings = [{'exact': False}] * default + [{'exact': False, 'candidates': c} for c in (40, 90, 100, 200)]
-    searches, recalls, cut = bench_peer_worker.warm_up(engine, np.zeros((2, 1, 4)), settings, reference, slowest)
+    searches, recalls, cut = worker.warm_up(engine, np.zeros((2, 1, 4)), settings, reference, slowest)
     return searches, recalls, cut, engine.ran, settings
 
 
-def test_a_sweep_stops_at_its_first_setting_that_reaches_recall_099():
-    searches, recalls, cut, ran, settings = sweep(default_seconds=0.3, seconds_per_candidate=0.0001)
+def test_a_sweep_stops_at_its_first_setting_that_reaches_recall_099(worker):
+    searches, recalls, cut, ran, settings = sweep(worker, default_seconds=0.3, seconds_per_candidate=0.0001)
     # the calibrated default (its own sweep) reaches 0.99 and the candidate sweep still runs, to its first 1.0
     assert searches == ran == settings[:4] and recalls == [1.0, 0.4, 0.9, 1.0] and not cut
 
 
-def test_a_sweep_stops_at_its_first_setting_slower_than_one_that_reached_recall_099():
-    searches, recalls, cut, ran, settings = sweep(default_seconds=0.02, seconds_per_candidate=0.005)
+def test_a_sweep_stops_at_its_first_setting_slower_than_one_that_reached_recall_099(worker):
+    searches, recalls, cut, ran, settings = sweep(worker, default_seconds=0.02, seconds_per_candidate=0.005)
     # candidates=40 (0.2 s) is slower than the calibrated default (0.02 s, recall 1.0): 90 and on are not run
     assert searches == ran == settings[:2] and recalls == [1.0, 0.4] and not cut
 
 
-def test_a_sweep_is_cut_at_its_first_setting_slower_than_the_bound():
-    searches, recalls, cut, ran, settings = sweep(0., seconds_per_candidate=0.001, slowest=0.06, default=False)
+def test_a_sweep_is_cut_at_its_first_setting_slower_than_the_bound(worker):
+    searches, recalls, cut, ran, settings = sweep(worker, 0., seconds_per_candidate=0.001, slowest=0.06, default=False)
     # candidates=40 takes 0.04 s, 90 takes 0.09 s > 0.06 without reaching 0.99: 100 and 200 are not run
     assert searches == ran == settings[:2] and recalls == [0.4, 0.9] and cut == {1}
 
 
-def test_a_recall_reached_only_by_an_untimed_setting_reads_cut_by_time():
-    sys.path.insert(0, str(EXPERIMENTS))
-    try:
-        import bench_peers
-    finally:
-        sys.path.remove(str(EXPERIMENTS))
+def test_a_recall_reached_only_by_an_untimed_setting_reads_cut_by_time(bench):
     common = {'workload': 'w', 'queries': 10, 'build s': 1., 'index bytes': 2 ** 20, 'build peak RSS MiB': 1.,
               'search peak RSS MiB': 1., 'baseline RSS MiB': 1.}
     rows = [{**common, 'engine': 'index', 'build': {'ann': True}, 'search': {'exact': False}, 'rounds s': [.1] * 3,
@@ -125,23 +117,18 @@ def test_a_recall_reached_only_by_an_untimed_setting_reads_cut_by_time():
              'rounds s': [.5] * 3, 'recall@10': 0.9, 'cut by time': True},
             {**common, 'engine': 'fast-plaid', 'build': {'nbits': 4}, 'search': {'n_ivf_probe': 8},
              'rounds s': None, 'recall@10': 0.96, 'cut by time': True}]
-    table, matched = bench_peers.tables(rows)
+    table, matched = bench.tables(rows)
     assert np.isnan(table['QPS'].iloc[2]) and table['QPS'].iloc[1] == 20.
     peer = matched.set_index('system').loc['fast-plaid (nbits=4)']
     assert peer['setting at 0.95'] == 'not reached (cut by time)' and np.isnan(peer['QPS at 0.95'])
     assert matched.set_index('system').loc['index approx', 'QPS at 0.95'] == 100.
 
 
-def test_the_bound_is_ten_times_the_index_fastest_round_reaching_099_and_at_least_a_minute():
-    sys.path.insert(0, str(EXPERIMENTS))
-    try:
-        import bench_peers
-    finally:
-        sys.path.remove(str(EXPERIMENTS))
+def test_the_bound_is_ten_times_the_index_fastest_round_reaching_099_and_at_least_a_minute(bench):
     rows = [{'engine': 'index', 'rounds s': [9., 8., 20.], 'recall@10': 1.0},     # median 9
             {'engine': 'index', 'rounds s': [1., 1., 1.], 'recall@10': 0.98},     # faster, below 0.99
             {'engine': 'index', 'rounds s': [10., 11., 12.], 'recall@10': 0.995},  # median 11
             {'engine': 'fast-plaid', 'rounds s': [.1, .1, .1], 'recall@10': 1.0}]  # a peer's rows do not count
-    assert bench_peers.slowest(rows) == 90.
-    assert bench_peers.slowest([{**rows[0], 'rounds s': [3., 3., 3.]}]) == 60.   # 30 s: the minute instead
-    assert bench_peers.slowest(rows[1:2]) is None
+    assert bench.slowest(rows) == 90.
+    assert bench.slowest([{**rows[0], 'rounds s': [3., 3., 3.]}]) == 60.   # 30 s: the minute instead
+    assert bench.slowest(rows[1:2]) is None
