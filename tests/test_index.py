@@ -1,5 +1,7 @@
 import json
+import math
 import os
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -483,6 +485,26 @@ def test_arrays_index_in_bulk_as_records_do(tmp_path):
     np.testing.assert_array_equal(bulk_offsets, stored_offsets)
     assert list(bulk_docnos.fwd[np.arange(300)]) == docnos
     assert {k: v for k, v in bulk_meta.items() if k != 'build_id'} == {k: v for k, v in meta.items() if k != 'build_id'}
+
+
+@pytest.mark.parametrize('given', ['float16', 'float32'])
+def test_arrays_from_a_read_only_memory_map_of_unit_vectors(tmp_path, given):
+    # unit vectors make every row a candidate for the largest norm, summed a step of rows at a time; a float16 map
+    # is stored as it is, a float32 one converted by torch, with no warning about the map being read-only
+    rng = np.random.default_rng(5)
+    vectors = rng.normal(size=(3000 * 8, 32)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    np.save(tmp_path / 'vectors.npy', vectors.astype(given))
+    mapped = np.load(tmp_path / 'vectors.npy', mmap_mode='r')
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        index = MultiVectorIndex(tmp_path / 'index', verbose=False).indexer(dtype='float16').index_arrays(
+            [f'd{i}' for i in range(3000)], mapped, np.full(3000, 8))
+    meta, stored, _, _ = index.payload()
+    expected = vectors.astype(np.float16)
+    np.testing.assert_array_equal(stored, expected)
+    wide = expected.astype(np.float64)
+    assert meta['max_norm'] == math.sqrt(max(float(row @ row) for row in wide))
 
 
 @pytest.mark.parametrize('docnos, lengths, vectors, message', [

@@ -6,6 +6,7 @@ import math
 import os
 import re
 import uuid
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar, Union
@@ -458,14 +459,17 @@ def _non_finite(docno: str, dtype) -> ValueError:
 def _checked_block(embs: np.ndarray, docnos, lengths: np.ndarray, dtype) -> Tuple[np.ndarray, float]:
     """Documents' vectors (``lengths`` rows each) converted to the storage ``dtype``, and the largest squared norm
     of the converted rows, in float64; raises naming the first document with a value that is not finite (or, in
-    float16, out of range). A large block is converted by torch where it is installed (many times as fast as NumPy
-    in float16; on a document's few vectors, slower to call)."""
+    float16, out of range). A block already in ``dtype`` is stored as it is; a large block is converted by torch
+    where it is installed (many times as fast as NumPy in float16; on a document's few vectors, slower to call)."""
     embs = np.asarray(embs)
-    stored = None
-    if embs.size >= 1 << 16:
+    stored = embs if embs.dtype == dtype else None
+    if stored is None and embs.size >= 1 << 16:
         try:
             import torch
-            stored = torch.from_numpy(np.ascontiguousarray(embs)).to(getattr(torch, np.dtype(dtype).name)).numpy()
+            with warnings.catch_warnings():  # a read-only memory map: torch reads it to convert, never writes
+                warnings.filterwarnings('ignore', message='The given NumPy array is not writable')
+                source = torch.from_numpy(np.ascontiguousarray(embs))
+            stored = source.to(getattr(torch, np.dtype(dtype).name)).numpy()
         except ModuleNotFoundError:
             pass
     if stored is None:
@@ -484,9 +488,20 @@ def _checked_block(embs: np.ndarray, docnos, lengths: np.ndarray, dtype) -> Tupl
     # the rows whose stored norm may be the largest (float16 moves each value by up to 2^-11 of itself)
     slack = 4 * embs.shape[1] * 2.0 ** -24 + (2.0 ** -9 if dtype == np.float16 else 0.0)
     top = squares.max()
-    candidates = np.flatnonzero(squares >= top * (1 - slack) / (1 + slack)) if np.isfinite(top) else slice(None)
-    wide = stored[candidates].astype(np.float64)
-    return stored, float((wide * wide).sum(axis=1).max())
+    candidates = np.flatnonzero(squares >= top * (1 - slack) / (1 + slack)) if np.isfinite(top) else \
+        np.arange(len(stored))
+    return stored, _largest_square(stored, candidates)
+
+
+def _largest_square(stored: np.ndarray, rows: np.ndarray, step: int = 1024) -> float:
+    """The largest squared norm of the rows ``rows`` of ``stored``, summed in float64, ``step`` rows at a time:
+    unit-normalised vectors make every row of a block a candidate, and a float64 copy of the whole block took
+    three times as long (its memory, not its arithmetic)."""
+    largest = 0.0
+    for start in range(0, len(rows), step):
+        wide = stored[rows[start:start + step]].astype(np.float64)
+        largest = max(largest, float((wide * wide).sum(axis=1).max()))
+    return largest
 
 
 def _check_unique(path: Path, count: int, chunk: int = 1 << 16) -> None:
