@@ -507,6 +507,18 @@ def test_arrays_from_a_read_only_memory_map_of_unit_vectors(tmp_path, given):
     assert meta['max_norm'] == math.sqrt(max(float(row @ row) for row in wide))
 
 
+def test_the_largest_norm_is_found_where_float32_sums_rank_it_second(tmp_path):
+    # a: 1 and 127 values of 2^-12, squared norm 1 + 127 * 2^-24; b: 1 and 0.00256 (float16: 0.0025597...), 1 +
+    # 6.55e-6. Summed in float32, a's small squares are partly rounded away (1 + 5.96e-6 here), below b's
+    longest = np.full(128, 2.0 ** -12, dtype=np.float16)
+    longest[0] = 1
+    other = np.zeros(128, dtype=np.float16)
+    other[:2] = [1, 0.00256]
+    index = MultiVectorIndex(tmp_path / 'index', verbose=False).indexer(dtype='float16').index_arrays(
+        ['a', 'b'], np.stack([longest, other]), [1, 1])
+    assert index.payload()[0]['max_norm'] == math.sqrt(1 + 127 * 2.0 ** -24)
+
+
 @pytest.mark.parametrize('docnos, lengths, vectors, message', [
     (['a', 'b'], [1, 2], np.ones((4, 2)), 'adding up to the rows'),
     (['a', 'b'], [1, 0], np.ones((1, 2)), 'each length positive'),

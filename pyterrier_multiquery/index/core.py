@@ -457,25 +457,12 @@ def _non_finite(docno: str, dtype) -> ValueError:
 
 
 def _checked_block(embs: np.ndarray, docnos, lengths: np.ndarray, dtype) -> Tuple[np.ndarray, float]:
-    """Documents' vectors (``lengths`` rows each) converted to the storage ``dtype``, and the largest squared norm
-    of the converted rows, in float64; raises naming the first document with a value that is not finite (or, in
-    float16, out of range). A block already in ``dtype`` is stored as it is; a large block is converted by torch
-    where it is installed (many times as fast as NumPy in float16; on a document's few vectors, slower to call)."""
+    """Documents' vectors (``lengths`` rows each) converted to the storage ``dtype`` (:func:`_converted`), and the
+    largest squared norm of the converted rows, in float64; raises naming the first document with a value that is
+    not finite (or, in float16, out of range)."""
     embs = np.asarray(embs)
-    stored = embs if embs.dtype == dtype else None
-    if stored is None and embs.size >= 1 << 16:
-        try:
-            import torch
-            with warnings.catch_warnings():  # a read-only memory map: torch reads it to convert, never writes
-                warnings.filterwarnings('ignore', message='The given NumPy array is not writable')
-                source = torch.from_numpy(np.ascontiguousarray(embs))
-            stored = source.to(getattr(torch, np.dtype(dtype).name)).numpy()
-        except ModuleNotFoundError:
-            pass
-    if stored is None:
-        with np.errstate(over='ignore'):  # values beyond float16 become inf, reported below
-            stored = embs.astype(dtype)
-    narrow = embs.astype(np.float32, copy=False)
+    stored = _converted(embs, dtype)
+    narrow = _converted(embs, np.float32)
     with np.errstate(over='ignore', invalid='ignore'):
         squares = np.einsum('ij,ij->i', narrow, narrow)  # within gamma_dim of the exact sums (positive terms)
     suspect = ~np.isfinite(squares)
@@ -485,12 +472,33 @@ def _checked_block(embs: np.ndarray, docnos, lengths: np.ndarray, dtype) -> Tupl
     finite[suspect] = np.isfinite(stored[suspect]).all(axis=1)
     if not finite.all():
         raise _non_finite(docnos[int(np.searchsorted(np.cumsum(lengths), np.argmin(finite), side='right'))], dtype)
-    # the rows whose stored norm may be the largest (float16 moves each value by up to 2^-11 of itself)
-    slack = 4 * embs.shape[1] * 2.0 ** -24 + (2.0 ** -9 if dtype == np.float16 else 0.0)
+    # the rows whose stored norm may be the largest: float16 moves each value by up to 2^-11 of itself, unless the
+    # squares are of the stored values (given in float16, whose products float32 holds exactly)
+    rounded = dtype == np.float16 and embs.dtype != dtype
+    slack = 4 * embs.shape[1] * 2.0 ** -24 + (2.0 ** -9 if rounded else 0.0)
     top = squares.max()
     candidates = np.flatnonzero(squares >= top * (1 - slack) / (1 + slack)) if np.isfinite(top) else \
         np.arange(len(stored))
     return stored, _largest_square(stored, candidates)
+
+
+def _converted(embs: np.ndarray, dtype) -> np.ndarray:
+    """``embs`` in ``dtype``: as it is where it is in ``dtype`` already; a large block converted by torch where it is
+    installed (many times as fast as NumPy to and from float16; on a document's few vectors, slower to call)."""
+    if embs.dtype == dtype:
+        return embs
+    if embs.size >= 1 << 16:
+        try:
+            import torch
+        except ModuleNotFoundError:
+            pass
+        else:
+            with warnings.catch_warnings():  # a read-only memory map: torch reads it to convert, never writes
+                warnings.filterwarnings('ignore', message='The given NumPy array is not writable')
+                source = torch.from_numpy(np.ascontiguousarray(embs))
+            return source.to(getattr(torch, np.dtype(dtype).name)).numpy()
+    with np.errstate(over='ignore'):  # values beyond float16 become inf, reported by the caller
+        return embs.astype(dtype)
 
 
 def _largest_square(stored: np.ndarray, rows: np.ndarray, step: int = 1024) -> float:
