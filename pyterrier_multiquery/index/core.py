@@ -462,7 +462,7 @@ def _checked_block(embs: np.ndarray, docnos, lengths: np.ndarray, dtype) -> Tupl
     not finite (or, in float16, out of range)."""
     embs = np.asarray(embs)
     stored = _converted(embs, dtype)
-    narrow = _converted(embs, np.float32)
+    narrow = stored if dtype == np.float32 else _converted(embs, np.float32)
     with np.errstate(over='ignore', invalid='ignore'):
         squares = np.einsum('ij,ij->i', narrow, narrow)  # within gamma_dim of the exact sums (positive terms)
     suspect = ~np.isfinite(squares)
