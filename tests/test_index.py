@@ -1,6 +1,8 @@
+import hashlib
 import json
 import math
 import os
+import time
 import warnings
 
 import numpy as np
@@ -8,7 +10,7 @@ import pandas as pd
 import pyterrier as pt
 import pytest
 
-from pyterrier_multiquery.index import CorruptIndexError, MultiVectorIndex
+from pyterrier_multiquery.index import CorruptIndexError, MultiVectorIndex, core
 from pyterrier_multiquery.index.ann import faiss_factory
 from pyterrier_multiquery.index.multiquery import round_robin
 from pyterrier_multiquery.experiment.clustered_collection import clustered_collection
@@ -469,16 +471,19 @@ def test_retriever_follows_a_rebuilt_index(tmp_path, search):
     assert retriever(topics)['docno'].tolist() == ['b3']
 
 
-def test_arrays_index_in_bulk_as_records_do(tmp_path):
+@pytest.mark.parametrize('background_bytes', [core.BACKGROUND_BYTES, 1])
+def test_arrays_index_in_bulk_as_records_do(tmp_path, monkeypatch, background_bytes):
+    # with 1 byte, every chunk is written and hashed by the background thread; the records are written at once
     rng = np.random.default_rng(4)
     lengths = rng.integers(1, 6, size=300)
     vectors = rng.normal(size=(lengths.sum(), 8)).astype(np.float32)
     docnos = [f'd{i}' for i in range(300)]
-    bulk = MultiVectorIndex(tmp_path / 'bulk', verbose=False).indexer(dtype='float16').index_arrays(
-        docnos, vectors, lengths, chunk_docs=64)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     records = MultiVectorIndex(tmp_path / 'records', verbose=False).indexer(dtype='float16').index(
         {'docno': d, 'doc_embs': vectors[offsets[i]:offsets[i + 1]]} for i, d in enumerate(docnos))
+    monkeypatch.setattr(core, 'BACKGROUND_BYTES', background_bytes)
+    bulk = MultiVectorIndex(tmp_path / 'bulk', verbose=False).indexer(dtype='float16').index_arrays(
+        docnos, vectors, lengths, chunk_docs=64)
     bulk_meta, bulk_vectors, bulk_offsets, bulk_docnos = bulk.payload()
     meta, stored, stored_offsets, stored_docnos = records.payload()
     np.testing.assert_array_equal(bulk_vectors, stored)
@@ -517,6 +522,41 @@ def test_the_largest_norm_is_found_where_float32_sums_rank_it_second(tmp_path):
     index = MultiVectorIndex(tmp_path / 'index', verbose=False).indexer(dtype='float16').index_arrays(
         ['a', 'b'], np.stack([longest, other]), [1, 1])
     assert index.payload()[0]['max_norm'] == math.sqrt(1 + 127 * 2.0 ** -24)
+
+
+def test_writes_in_the_background_keep_their_order_and_raise_their_errors(monkeypatch):
+    monkeypatch.setattr(core, 'BACKGROUND_BYTES', 4096)
+    class File:
+        def __init__(self, fail_at=None):
+            self.blocks, self.fail_at = [], fail_at
+
+        def write(self, data):
+            time.sleep(0.01 if len(data) >= 4096 else 0)   # a slow disk: a block written out of turn would show
+            if len(self.blocks) == self.fail_at:
+                raise OSError('No space left on device')
+            self.blocks.append(bytes(data))
+
+    blocks = [bytes([i]) * size for i, size in enumerate([3, 5000, 1, 2, 7000, 9000, 4])]
+    file, digest = File(), hashlib.sha256()
+    with core._hashed_writes(file, digest) as write:   # 4 KiB and more in the background, interleaved with the rest
+        for block in blocks:
+            write(memoryview(block))
+    assert file.blocks == blocks
+    assert digest.hexdigest() == hashlib.sha256(b''.join(blocks)).hexdigest()
+    with pytest.raises(OSError, match='No space left'):
+        with core._hashed_writes(File(fail_at=4), hashlib.sha256()) as write:
+            for block in blocks:
+                write(memoryview(block))
+
+
+def test_a_bad_document_stops_a_build_written_in_the_background(tmp_path, monkeypatch):
+    monkeypatch.setattr(core, 'BACKGROUND_BYTES', 1)
+    vectors = np.ones((400, 4), dtype=np.float32)
+    vectors[-1, 2] = np.nan
+    with pytest.raises(ValueError, match="document 'd199' has non-finite"):
+        MultiVectorIndex(tmp_path / 'index', verbose=False).indexer().index_arrays(
+            [f'd{i}' for i in range(200)], vectors, np.full(200, 2), chunk_docs=16)
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize('docnos, lengths, vectors, message', [

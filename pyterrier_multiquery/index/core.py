@@ -1,4 +1,5 @@
 """On-disk storage of the MultiVectorIndex: a variable number of vectors per document, memory-mapped."""
+import collections
 import hashlib
 import itertools
 import json
@@ -296,7 +297,8 @@ class MultiVectorIndexer(pt.Indexer):
         vectors_sha256 = hashlib.sha256()
         with building(path) as tmp:
             tmp.mkdir()
-            with open(tmp / file_name, 'wb') as vecs, _docno_builder(tmp / 'docnos.npids') as docno_file:
+            with open(tmp / file_name, 'wb') as vecs, _docno_builder(tmp / 'docnos.npids') as docno_file, \
+                    _hashed_writes(vecs, vectors_sha256) as write:
                 for docnos, (embs, square), lengths in chunks:
                     if dim is None:
                         dim = embs.shape[1]
@@ -304,9 +306,7 @@ class MultiVectorIndexer(pt.Indexer):
                         raise ValueError(f'document {docnos[0]!r} has vectors of size {embs.shape[1]}, expected {dim} '
                                          'as the earlier documents')
                     max_square = max(max_square, square)
-                    data = memoryview(np.ascontiguousarray(embs)).cast('B')
-                    vecs.write(data)
-                    vectors_sha256.update(data)
+                    write(memoryview(np.ascontiguousarray(embs)).cast('B'))
                     if lengths is None:  # one document, its docno checked
                         docno_file.add(docnos[0])
                         offsets.append(offsets[-1] + len(embs))
@@ -374,6 +374,41 @@ def docno_set(docnos: Iterable[str]) -> set:
     if isinstance(docnos, (str, bytes)):
         raise TypeError(f'docnos must be a list of docnos, got the single string {docnos!r}: pass [{docnos!r}]')
     return {str(d) for d in docnos}
+
+
+#: Blocks of at least this many bytes are written and hashed in the background (:func:`_hashed_writes`); a
+#: document's few vectors are written at once, a thread's hand-over costing more than their write.
+BACKGROUND_BYTES = 1 << 20
+
+
+@contextmanager
+def _hashed_writes(file, sha256) -> Iterator[Callable[[memoryview], None]]:
+    """Yields the function that appends a block of bytes to ``file`` and to the ``sha256`` digest, in order.
+
+    A large block (:data:`BACKGROUND_BYTES`) is written and hashed by a background thread while the caller prepares
+    the next one: both release the GIL, so a bulk build's disk and hashing time overlaps its conversions and docnos.
+    At most two blocks wait at once. A failed write raises at a later append or where the ``with`` block ends, by
+    which time every write has finished."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def write(data: memoryview) -> None:
+        file.write(data)
+        sha256.update(data)
+
+    pending = collections.deque()
+
+    def append(data: memoryview) -> None:
+        if len(data) < BACKGROUND_BYTES and not pending:
+            write(data)
+            return
+        pending.append(pool.submit(write, data))
+        while len(pending) > 2 or (pending and pending[0].done()):
+            pending.popleft().result()
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix='index-writer') as pool:
+        yield append
+        while pending:
+            pending.popleft().result()
 
 
 @contextmanager
