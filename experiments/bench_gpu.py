@@ -1,6 +1,6 @@
 """The index's exact search on a GPU against plain torch and fast-plaid, in one run on a lent card (issue 46).
 
-    python experiments/bench_gpu.py [--workloads clustered-20k ...] [--peers] [--repeats 3]
+    python experiments/bench_gpu.py [--workloads clustered-20k ...] [--peers [--peer-workloads ...]] [--repeats 3]
                                     [--minilm-model DIR] [--data-root DIR] [--work-dir DIR] [--out PREFIX]
 
 Workloads (bench_index.py's distributions; 200 queries of 8 vectors, top 10): clustered-20k, -100k, -1000k and
@@ -24,8 +24,9 @@ Systems, each called on all queries at once:
   query's top scores and docids as the reference does: the search without the query frame's checks and the result
   frame (docnos looked up, query columns repeated).
 - index exact (cpu): ``index.retriever(device='cpu')`` on every CPU thread, the rankings the others are held to.
-- fast-plaid (with ``--peers``, on the 100k and 1M workloads): fast-plaid 1.7 on the same GPU, 4- and 8-bit codes,
-  a grid of ``n_ivf_probe`` x ``n_full_scores``; build seconds, index MiB, peak GPU MiB of the build.
+- fast-plaid (with ``--peers``, on the 100k and 1M workloads or those of ``--peer-workloads``): fast-plaid 1.7 on
+  the same GPU, 4- and 8-bit codes, a grid of ``n_ivf_probe`` x ``n_full_scores``; build seconds, index MiB, peak
+  GPU MiB of the build.
 - index approximate (cuda) (with ``--approximate``, up to ``--approximate-docs`` documents, where FAISS is
   installed): ``index.ann_retriever(device='cuda')`` after its ``calibrate()`` on the card (FAISS on the GPU where
   it has code for the card, else FAISS's IVF lists searched in torch on the GPU); 'build s' is the FAISS build and
@@ -376,7 +377,7 @@ def run_workload(name: str, args) -> list:
     groups = index.searchers().searchers[0]._resident[('groups', DEVICE)][1]
     systems = [reference, cuda, ArraySearch(f'index exact ({DEVICE}, arrays: no frames)', cuda.retriever, queries)]
     plaid_builds = {}
-    if args.peers and name in PEER_WORKLOADS:
+    if args.peers and name in args.peer_workloads:
         peers, plaid_builds = plaid_systems(vectors, offsets, queries, args.work_dir)
         systems += peers
     approximate = None
@@ -434,7 +435,9 @@ def run_workload(name: str, args) -> list:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--workloads', nargs='+', default=WORKLOADS)
-    parser.add_argument('--peers', action='store_true', help='fast-plaid on the 100k and 1M workloads')
+    parser.add_argument('--peers', action='store_true', help='fast-plaid on the --peer-workloads')
+    parser.add_argument('--peer-workloads', nargs='+', default=PEER_WORKLOADS,
+                        help='the workloads fast-plaid runs on (gpu/rehearse.sh: a small one, on the CPU)')
     parser.add_argument('--approximate', action='store_true', help='the approximate search, calibrated on the card')
     parser.add_argument('--approximate-docs', type=int, default=100_000,
                         help='the approximate search on workloads of at most this many documents (its FAISS build and '

@@ -20,6 +20,7 @@
 # (the report's "At matched recall" table compares the index with fast-plaid at recall@10 0.95 and 0.99).
 # The CUDA tests of the approximate search (tests/test_cuda.py) run where faiss-cpu was carried (.whl/faiss);
 # GPU_TESTS=0 skips the tests (a second call on the same machine, its minutes kept for the benchmark).
+# experiments/gpu/rehearse.sh runs both calls here first, as dry runs on the CPU under the device's Python and torch.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD"
 out="${OUT:-/tmp/out}" && mkdir -p "$out"
