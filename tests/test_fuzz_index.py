@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pyterrier as pt
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
@@ -262,6 +262,8 @@ vec_cells = st.one_of(  # (doc_vec, valid): a valid vector of another size than 
                      max_size=6),
        lam=st.sampled_from([0., 0.3, 1.]), dropped=st.sets(st.sampled_from(['qid', 'docno', 'score', 'doc_vec']),
                                                              max_size=1))
+@example(rows=[('q1', (0., True), (np.array([np.nan, 1, 0]), False)),   # q1 comes first: its bad vector is named
+               ('q0', (0., True), (np.array([np.nan, 1, 0]), False))], lam=0., dropped=set())
 def test_mmr_on_random_result_frames(rows, lam, dropped):
     frame = pd.DataFrame({'qid': [qid for qid, _, _ in rows], 'docno': [f'd{i}' for i in range(len(rows))],
                           'score': [score for _, (score, _), _ in rows],
@@ -272,8 +274,10 @@ def test_mmr_on_random_result_frames(rows, lam, dropped):
             MMR(lam)(frame)
         return
     bad_score = [i for i, (_, (_, ok), _) in enumerate(rows) if not ok]
-    # vectors are checked per query (qids in order, documents by score) against the query's first vector's size
-    in_order = sorted(range(len(rows)), key=lambda i: (rows[i][0], -rows[i][1][0]))
+    # vectors are checked per query (queries in order of first appearance, documents by score) against the query's
+    # first vector's size
+    appearance = {qid: position for position, qid in enumerate(dict.fromkeys(qid for qid, _, _ in rows))}
+    in_order = sorted(range(len(rows)), key=lambda i: (appearance[rows[i][0]], -rows[i][1][0]))
     first = {qid: next(i for i in in_order if rows[i][0] == qid) for qid, _, _ in rows}
     size = [len(vec) if ok else None for _, _, (vec, ok) in rows]
     bad_vec = [i for i in in_order if not rows[i][2][1] or size[i] != size[first[rows[i][0]]]]
