@@ -8,6 +8,7 @@ import os
 import re
 import uuid
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar, Union
@@ -387,10 +388,8 @@ def _hashed_writes(file, sha256) -> Iterator[Callable[[memoryview], None]]:
 
     A large block (:data:`BACKGROUND_BYTES`) is written and hashed by a background thread while the caller prepares
     the next one: both release the GIL, so a bulk build's disk and hashing time overlaps its conversions and docnos.
-    At most two blocks wait at once. A failed write raises at a later append or where the ``with`` block ends, by
-    which time every write has finished."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    At most two blocks wait at once. A failed write raises at a later append or where the ``with`` block ends, which
+    waits for every write."""
     def write(data: memoryview) -> None:
         file.write(data)
         sha256.update(data)
