@@ -5,7 +5,7 @@
 # as run.sh installs them. Both calls of run.sh's header run as dry runs (--device cpu: small workloads, the CUDA tests
 # skipped), the first with fast-plaid on a small workload so that the peers' code and the matched-recall table run
 # too. The virtual environment is made once (torch 2.11's PyPI build with its CUDA libraries: about 5 GiB, a few
-# minutes); the dry runs take about 3 and 6 minutes on 2 cores. Each call's report lands in $OUT/first and
+# minutes); the dry runs took about 1 and 5 minutes on 2 cores. Each call's report lands in $OUT/first and
 # $OUT/second; run.sh installs the wheels into /tmp/site, as it does there.
 #   bash experiments/gpu/prepare.sh && bash experiments/gpu/rehearse.sh [VENV]      (default /tmp/gpu-rehearsal)
 # (PYTHON312: the Python 3.12 that makes the environment, python3.12 unless set; under pyenv, for example,
