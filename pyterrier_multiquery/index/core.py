@@ -476,8 +476,7 @@ def _record_embs(record: Dict, docno: str) -> np.ndarray:
 def _stored_document(embs: np.ndarray, docno: str, dtype) -> Tuple[np.ndarray, float]:
     """A document's vectors converted to the storage ``dtype`` and their largest squared norm (as
     :func:`_checked_block`, for a few vectors: fewer NumPy calls)."""
-    with np.errstate(over='ignore'):  # values beyond float16 become inf, reported below
-        stored = embs.astype(dtype)
+    stored = _converted(embs, dtype)
     if not np.isfinite(stored).all():
         raise _non_finite(docno, dtype)
     wide = stored.astype(np.float64)
