@@ -549,6 +549,18 @@ def test_writes_in_the_background_keep_their_order_and_raise_their_errors(monkey
                 write(memoryview(block))
 
 
+def test_records_that_reuse_one_array_are_stored_as_each_was(tmp_path):
+    # a generator refilling its array for the next document while the last (1 MiB: written in the background) waits
+    buffer = np.zeros((core.BACKGROUND_BYTES // (4 * 64), 64), dtype=np.float32)
+
+    def records():
+        for i in range(10):
+            buffer[:] = i
+            yield {'docno': f'd{i}', 'doc_embs': buffer}
+    _, vectors, offsets, _ = MultiVectorIndex(tmp_path / 'index', verbose=False).indexer().index(records()).payload()
+    assert [np.unique(vectors[offsets[i]:offsets[i + 1]]).tolist() for i in range(10)] == [[i] for i in range(10)]
+
+
 def test_a_bad_document_stops_a_build_written_in_the_background(tmp_path, monkeypatch):
     monkeypatch.setattr(core, 'BACKGROUND_BYTES', 1)
     vectors = np.ones((400, 4), dtype=np.float32)

@@ -388,7 +388,8 @@ def _hashed_writes(file, sha256) -> Iterator[Callable[[memoryview], None]]:
 
     A large block (:data:`BACKGROUND_BYTES`) is written and hashed by a background thread while the caller prepares
     the next one: both release the GIL, so a bulk build's disk and hashing time overlaps its conversions and docnos.
-    At most two blocks wait at once. A failed write raises at a later append or where the ``with`` block ends, which
+    At most two blocks wait at once; a block may be written after its append returns, so the caller must not change
+    it (it appends arrays of its own). A failed write raises at a later append or where the ``with`` block ends, which
     waits for every write."""
     def write(data: memoryview) -> None:
         file.write(data)
@@ -477,6 +478,8 @@ def _stored_document(embs: np.ndarray, docno: str, dtype) -> Tuple[np.ndarray, f
     """A document's vectors converted to the storage ``dtype`` and their largest squared norm (as
     :func:`_checked_block`, for a few vectors: fewer NumPy calls)."""
     stored = _converted(embs, dtype)
+    if stored is embs:  # the caller's array, which its generator may refill while this one waits to be written
+        stored = embs.copy()
     if not np.isfinite(stored).all():
         raise _non_finite(docno, dtype)
     wide = stored.astype(np.float64)
